@@ -1,0 +1,19 @@
+# kcla_mm: `make demo` and `make test` each set up .venv/ first (idempotent;
+# the mmcv wheel is cached, so only the first run builds it).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup demo test test-fast
+
+setup:
+	PYTHON=$(PYTHON) bash tools/setup_env.sh
+
+demo: setup
+	$(PY) tools/demo.py
+
+test: setup
+	$(PY) -m pytest tests -ra
+
+test-fast: setup
+	$(PY) -m pytest tests -ra -m "not slow"

@@ -1,0 +1,14 @@
+"""kcla_mm: Key-Correlated Layer Attention for OpenMMLab (mmdet / mmseg)."""
+from .utils import register_checkpoint_safe_globals
+from .version import __version__, version_info
+
+register_checkpoint_safe_globals()
+
+from . import ops  # noqa: E402
+from .models import ResNetKCLA  # noqa: E402
+from .registration import register_all_modules  # noqa: E402
+
+register_all_modules()
+
+__all__ = ['__version__', 'version_info', 'ops', 'ResNetKCLA',
+           'register_all_modules']

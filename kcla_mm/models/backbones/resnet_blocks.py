@@ -1,0 +1,268 @@
+"""ResNet blocks and stages with mmdet's ResNet structure and key names.
+
+Written against mmcv/mmengine only, so ResNetKCLA serves mmdet and mmseg
+alike; parameter names (``conv1``, ``norm1``, ``downsample.0`` ...) match
+mmdet's ``ResNet`` so its checkpoints load unchanged.
+"""
+from typing import List, Optional
+
+import torch.nn as nn
+import torch.utils.checkpoint as cp
+from mmcv.cnn import build_conv_layer, build_norm_layer, build_plugin_layer
+from mmengine.model import BaseModule, Sequential
+from torch import Tensor
+
+PLUGIN_POSITIONS = ('after_conv1', 'after_conv2', 'after_conv3')
+
+
+class BasicBlock(BaseModule):
+    """3x3 + 3x3 residual block (ResNet-18/34); output channels = planes."""
+    expansion = 1
+
+    def __init__(self,
+                 inplanes: int,
+                 planes: int,
+                 stride: int = 1,
+                 dilation: int = 1,
+                 downsample: Optional[nn.Module] = None,
+                 style: str = 'pytorch',
+                 with_cp: bool = False,
+                 conv_cfg: Optional[dict] = None,
+                 norm_cfg: dict = dict(type='BN'),
+                 dcn: Optional[dict] = None,
+                 plugins: Optional[List[dict]] = None,
+                 init_cfg=None) -> None:
+        super().__init__(init_cfg)
+        if dcn is not None:
+            raise ValueError('dcn is only supported by Bottleneck blocks '
+                             '(depth 50/101/152), got dcn with BasicBlock')
+        if plugins:
+            raise ValueError('plugins are only supported by Bottleneck '
+                             'blocks (depth 50/101/152)')
+        self.norm1_name, norm1 = build_norm_layer(norm_cfg, planes, postfix=1)
+        self.norm2_name, norm2 = build_norm_layer(norm_cfg, planes, postfix=2)
+        self.conv1 = build_conv_layer(
+            conv_cfg,
+            inplanes,
+            planes,
+            3,
+            stride=stride,
+            padding=dilation,
+            dilation=dilation,
+            bias=False)
+        self.add_module(self.norm1_name, norm1)
+        self.conv2 = build_conv_layer(
+            conv_cfg, planes, planes, 3, padding=1, bias=False)
+        self.add_module(self.norm2_name, norm2)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = downsample
+        self.with_cp = with_cp
+
+    @property
+    def norm1(self) -> nn.Module:
+        return getattr(self, self.norm1_name)
+
+    @property
+    def norm2(self) -> nn.Module:
+        return getattr(self, self.norm2_name)
+
+    @property
+    def last_norm(self) -> nn.Module:
+        return self.norm2
+
+    def forward(self, x: Tensor) -> Tensor:
+
+        def _inner_forward(x):
+            identity = x if self.downsample is None else self.downsample(x)
+            out = self.relu(self.norm1(self.conv1(x)))
+            out = self.norm2(self.conv2(out))
+            return out + identity
+
+        if self.with_cp and x.requires_grad:
+            out = cp.checkpoint(_inner_forward, x, use_reentrant=False)
+        else:
+            out = _inner_forward(x)
+        return self.relu(out)
+
+
+class Bottleneck(BaseModule):
+    """1x1 + 3x3 + 1x1 residual block; output channels = 4 * planes.
+
+    ``style='pytorch'`` puts the stride on the 3x3 conv, ``'caffe'`` on the
+    first 1x1. ``dcn`` replaces the 3x3 conv; ``plugins`` insert modules
+    after conv1/conv2/conv3 as in mmdet.
+    """
+    expansion = 4
+
+    def __init__(self,
+                 inplanes: int,
+                 planes: int,
+                 stride: int = 1,
+                 dilation: int = 1,
+                 downsample: Optional[nn.Module] = None,
+                 style: str = 'pytorch',
+                 with_cp: bool = False,
+                 conv_cfg: Optional[dict] = None,
+                 norm_cfg: dict = dict(type='BN'),
+                 dcn: Optional[dict] = None,
+                 plugins: Optional[List[dict]] = None,
+                 init_cfg=None) -> None:
+        super().__init__(init_cfg)
+        plugins = plugins or []
+        for plugin in plugins:
+            if plugin.get('position') not in PLUGIN_POSITIONS:
+                raise ValueError(f'plugin position must be one of '
+                                 f'{PLUGIN_POSITIONS}, got '
+                                 f'{plugin.get("position")!r}')
+        self.with_cp = with_cp
+        self.downsample = downsample
+        conv1_stride, conv2_stride = (1, stride) if style == 'pytorch' else (
+            stride, 1)
+        self.norm1_name, norm1 = build_norm_layer(norm_cfg, planes, postfix=1)
+        self.norm2_name, norm2 = build_norm_layer(norm_cfg, planes, postfix=2)
+        self.norm3_name, norm3 = build_norm_layer(
+            norm_cfg, planes * self.expansion, postfix=3)
+        self.conv1 = build_conv_layer(
+            conv_cfg, inplanes, planes, 1, stride=conv1_stride, bias=False)
+        self.add_module(self.norm1_name, norm1)
+        if dcn is not None:
+            dcn = dict(dcn)
+        fallback_on_stride = dcn.pop('fallback_on_stride', False) \
+            if dcn is not None else False
+        use_dcn = dcn is not None and not (fallback_on_stride
+                                           and conv2_stride > 1)
+        self.conv2 = build_conv_layer(
+            dcn if use_dcn else conv_cfg,
+            planes,
+            planes,
+            3,
+            stride=conv2_stride,
+            padding=dilation,
+            dilation=dilation,
+            bias=False)
+        self.add_module(self.norm2_name, norm2)
+        self.conv3 = build_conv_layer(
+            conv_cfg, planes, planes * self.expansion, 1, bias=False)
+        self.add_module(self.norm3_name, norm3)
+        self.relu = nn.ReLU(inplace=True)
+        widths = dict(
+            after_conv1=planes,
+            after_conv2=planes,
+            after_conv3=planes * self.expansion)
+        self.plugin_names = {
+            position: self._make_plugins(
+                widths[position],
+                [p['cfg'] for p in plugins if p['position'] == position],
+                position)
+            for position in PLUGIN_POSITIONS
+        }
+
+    def _make_plugins(self, in_channels: int, cfgs: List[dict],
+                      position: str) -> List[str]:
+        names = []
+        for cfg in cfgs:
+            cfg = cfg.copy()
+            name, layer = build_plugin_layer(
+                cfg,
+                in_channels=in_channels,
+                postfix=cfg.pop('postfix', ''))
+            if hasattr(self, name):
+                raise ValueError(f'duplicate plugin name {name!r} at '
+                                 f'{position}; set distinct postfix values')
+            self.add_module(name, layer)
+            names.append(name)
+        return names
+
+    def _plugins(self, x: Tensor, position: str) -> Tensor:
+        for name in self.plugin_names[position]:
+            x = getattr(self, name)(x)
+        return x
+
+    @property
+    def norm1(self) -> nn.Module:
+        return getattr(self, self.norm1_name)
+
+    @property
+    def norm2(self) -> nn.Module:
+        return getattr(self, self.norm2_name)
+
+    @property
+    def norm3(self) -> nn.Module:
+        return getattr(self, self.norm3_name)
+
+    @property
+    def last_norm(self) -> nn.Module:
+        return self.norm3
+
+    def forward(self, x: Tensor) -> Tensor:
+
+        def _inner_forward(x):
+            identity = x if self.downsample is None else self.downsample(x)
+            out = self.relu(self.norm1(self.conv1(x)))
+            out = self._plugins(out, 'after_conv1')
+            out = self.relu(self.norm2(self.conv2(out)))
+            out = self._plugins(out, 'after_conv2')
+            out = self.norm3(self.conv3(out))
+            out = self._plugins(out, 'after_conv3')
+            return out + identity
+
+        if self.with_cp and x.requires_grad:
+            out = cp.checkpoint(_inner_forward, x, use_reentrant=False)
+        else:
+            out = _inner_forward(x)
+        return self.relu(out)
+
+
+def make_res_layer(block: type,
+                   inplanes: int,
+                   planes: int,
+                   num_blocks: int,
+                   stride: int = 1,
+                   avg_down: bool = False,
+                   conv_cfg: Optional[dict] = None,
+                   norm_cfg: dict = dict(type='BN'),
+                   **block_kwargs) -> Sequential:
+    """One ResNet stage as mmdet's ``ResLayer``: block 0 strides/downsamples."""
+    downsample = None
+    if stride != 1 or inplanes != planes * block.expansion:
+        layers = []
+        conv_stride = stride
+        if avg_down:  # as mmdet: the pool is there even at stride 1
+            conv_stride = 1
+            layers.append(
+                nn.AvgPool2d(
+                    kernel_size=stride,
+                    stride=stride,
+                    ceil_mode=True,
+                    count_include_pad=False))
+        layers += [
+            build_conv_layer(
+                conv_cfg,
+                inplanes,
+                planes * block.expansion,
+                kernel_size=1,
+                stride=conv_stride,
+                bias=False),
+            build_norm_layer(norm_cfg, planes * block.expansion)[1]
+        ]
+        downsample = nn.Sequential(*layers)
+    blocks = [
+        block(
+            inplanes,
+            planes,
+            stride=stride,
+            downsample=downsample,
+            conv_cfg=conv_cfg,
+            norm_cfg=norm_cfg,
+            **block_kwargs)
+    ]
+    for _ in range(1, num_blocks):
+        blocks.append(
+            block(
+                planes * block.expansion,
+                planes,
+                stride=1,
+                conv_cfg=conv_cfg,
+                norm_cfg=norm_cfg,
+                **block_kwargs))
+    return Sequential(*blocks)

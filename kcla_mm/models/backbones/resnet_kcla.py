@@ -1,0 +1,442 @@
+"""ResNetKCLA: mmdet's ResNet with a layer-attention module after each block."""
+import warnings
+from typing import List, Optional, Sequence, Tuple
+
+import torch.nn as nn
+import torch.utils.checkpoint as cp
+from mmcv.cnn import build_conv_layer, build_norm_layer
+from mmengine.model import BaseModule
+from torch import Tensor
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from kcla_mm.ops.kcla_state import IMPLS
+from ..layers import KCLALayer, LayerAttention, MRLALight
+from .resnet_blocks import BasicBlock, Bottleneck, make_res_layer
+
+LAYER_ATTENTIONS = ('KCLA', 'LA', 'MRLA-light')
+DEFAULT_HEAD_DIMS = {'KCLA': 64, 'LA': 64, 'MRLA-light': 32}
+
+
+def _check_int_seq(value, name: str, length: int, lo: int) -> Tuple[int, ...]:
+    if not isinstance(value, (tuple, list)) or len(value) != length or \
+            not all(isinstance(v, int) and v >= lo for v in value):
+        raise ValueError(f'ResNetKCLA: {name} must be a sequence of '
+                         f'{length} ints >= {lo} (one per stage, '
+                         f'num_stages={length}), got {value!r}')
+    return tuple(value)
+
+
+class ResNetKCLA(BaseModule):
+    """ResNet backbone with Key-Correlated Layer Attention.
+
+    A drop-in replacement for mmdet's ``ResNet`` (same arguments, parameter
+    names and outputs) in which every residual block is followed by a
+    layer-attention module that attends to the earlier blocks: ``'KCLA'``
+    (the paper's recurrent state), ``'LA'`` (standard quadratic layer
+    attention) or ``'MRLA-light'``; ``layer_attention=None`` gives exactly
+    mmdet's ResNet. The KCLA state flows across stages through the
+    cross-stage adapter at the blocks in ``state_init_blocks``.
+
+    Args:
+        depth (int): 18, 34, 50, 101 or 152.
+        in_channels (int): input image channels. Defaults to 3.
+        stem_channels (int, optional): stem width. Defaults to
+            ``base_channels``.
+        base_channels (int): width of stage 1's blocks. Defaults to 64.
+        num_stages (int): 1 to 4. Defaults to 4.
+        strides (Sequence[int]): first-block stride of each stage.
+            Defaults to (1, 2, 2, 2).
+        dilations (Sequence[int]): dilation of each stage.
+            Defaults to (1, 1, 1, 1).
+        out_indices (Sequence[int]): stages whose outputs are returned.
+            Defaults to (0, 1, 2, 3).
+        style (str): ``'pytorch'`` (stride on the 3x3 conv) or ``'caffe'``.
+            Defaults to ``'pytorch'``.
+        deep_stem (bool): three 3x3 convs instead of the 7x7 stem.
+            Defaults to False.
+        avg_down (bool): AvgPool before the downsample 1x1 conv.
+            Defaults to False.
+        frozen_stages (int): stages (and their attention layers) to freeze;
+            -1 freezes nothing, 0 the stem. Defaults to -1.
+        conv_cfg (dict, optional): conv config of the blocks.
+        norm_cfg (dict): norm config. Defaults to
+            ``dict(type='BN', requires_grad=True)``.
+        norm_eval (bool): keep every BN (attention BNs included) in eval
+            mode during training. Defaults to True.
+        dcn (dict, optional): deformable conv config for the 3x3 convs.
+        stage_with_dcn (Sequence[bool]): stages using ``dcn``.
+        plugins (list[dict], optional): mmdet-style block plugins.
+        with_cp (bool): gradient checkpointing of blocks and attention
+            layers. Defaults to False.
+        zero_init_residual (bool): zero-init each block's last norm.
+            Defaults to True.
+        layer_attention (str, optional): ``'KCLA'``, ``'LA'``,
+            ``'MRLA-light'`` or None. Defaults to ``'KCLA'``.
+        head_dim (int, optional): channels per head. Defaults to 64 for
+            KCLA and LA, 32 for MRLA-light.
+        temperature_range (tuple[float, float]): KCLA's (s_min, s_max).
+            Defaults to (0.7, 1 / 0.7).
+        kcla_drop_path (float): drop-path rate of the attention branch.
+            Defaults to 0.2.
+        state_init_blocks (Sequence[int]): blocks (index within a stage)
+            whose KCLA layer re-initialises the state through the
+            cross-stage adapter; must contain 0. Defaults to (0, 11).
+        kcla_impl (str): KCLA state update, ``'auto'``, ``'fused'`` or
+            ``'torch'``. Defaults to ``'auto'``.
+        pretrained (str, optional): deprecated, use ``init_cfg``.
+        init_cfg (dict or list[dict], optional): initialisation config.
+
+    Example:
+        >>> import torch
+        >>> model = ResNetKCLA(depth=18)
+        >>> outs = model(torch.rand(1, 3, 64, 64))
+        >>> [tuple(o.shape) for o in outs]
+        [(1, 64, 16, 16), (1, 128, 8, 8), (1, 256, 4, 4), (1, 512, 2, 2)]
+    """
+
+    arch_settings = {
+        18: (BasicBlock, (2, 2, 2, 2)),
+        34: (BasicBlock, (3, 4, 6, 3)),
+        50: (Bottleneck, (3, 4, 6, 3)),
+        101: (Bottleneck, (3, 4, 23, 3)),
+        152: (Bottleneck, (3, 8, 36, 3))
+    }
+
+    def __init__(self,
+                 depth: int,
+                 in_channels: int = 3,
+                 stem_channels: Optional[int] = None,
+                 base_channels: int = 64,
+                 num_stages: int = 4,
+                 strides: Sequence[int] = (1, 2, 2, 2),
+                 dilations: Sequence[int] = (1, 1, 1, 1),
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 style: str = 'pytorch',
+                 deep_stem: bool = False,
+                 avg_down: bool = False,
+                 frozen_stages: int = -1,
+                 conv_cfg: Optional[dict] = None,
+                 norm_cfg: dict = dict(type='BN', requires_grad=True),
+                 norm_eval: bool = True,
+                 dcn: Optional[dict] = None,
+                 stage_with_dcn: Sequence[bool] = (False, False, False,
+                                                   False),
+                 plugins: Optional[List[dict]] = None,
+                 with_cp: bool = False,
+                 zero_init_residual: bool = True,
+                 layer_attention: Optional[str] = 'KCLA',
+                 head_dim: Optional[int] = None,
+                 temperature_range: Tuple[float, float] = (0.7, 1 / 0.7),
+                 kcla_drop_path: float = 0.2,
+                 state_init_blocks: Sequence[int] = (0, 11),
+                 kcla_impl: str = 'auto',
+                 pretrained: Optional[str] = None,
+                 init_cfg=None) -> None:
+        super().__init__(init_cfg)
+        if depth not in self.arch_settings:
+            raise ValueError(f'ResNetKCLA: depth must be one of '
+                             f'{sorted(self.arch_settings)}, got {depth!r}')
+        if not isinstance(num_stages, int) or not 1 <= num_stages <= 4:
+            raise ValueError('ResNetKCLA: num_stages must be an int in '
+                             f'[1, 4], got {num_stages!r}')
+        strides = _check_int_seq(strides, 'strides', num_stages, 1)
+        dilations = _check_int_seq(dilations, 'dilations', num_stages, 1)
+        if not isinstance(out_indices, (tuple, list)) or not out_indices or \
+                not all(isinstance(i, int) and 0 <= i < num_stages
+                        for i in out_indices):
+            raise ValueError('ResNetKCLA: out_indices must be a non-empty '
+                             f'sequence of ints in [0, {num_stages - 1}] '
+                             f'(num_stages={num_stages}), got {out_indices!r}')
+        if style not in ('pytorch', 'caffe'):
+            raise ValueError("ResNetKCLA: style must be 'pytorch' or "
+                             f"'caffe', got {style!r}")
+        if not isinstance(frozen_stages, int) or \
+                not -1 <= frozen_stages <= num_stages:
+            raise ValueError('ResNetKCLA: frozen_stages must be an int in '
+                             f'[-1, {num_stages}], got {frozen_stages!r}')
+        if dcn is not None and len(stage_with_dcn) != num_stages:
+            raise ValueError('ResNetKCLA: stage_with_dcn needs one entry per '
+                             f'stage ({num_stages}), got {stage_with_dcn!r}')
+        if layer_attention is not None and \
+                layer_attention not in LAYER_ATTENTIONS:
+            raise ValueError('ResNetKCLA: layer_attention must be one of '
+                             f'{LAYER_ATTENTIONS} or None, got '
+                             f'{layer_attention!r}')
+        if kcla_impl not in IMPLS:
+            raise ValueError(f'ResNetKCLA: kcla_impl must be one of {IMPLS}, '
+                             f'got {kcla_impl!r}')
+        if not isinstance(state_init_blocks, (tuple, list)) or \
+                0 not in state_init_blocks or \
+                not all(isinstance(b, int) and b >= 0
+                        for b in state_init_blocks):
+            raise ValueError('ResNetKCLA: state_init_blocks must be a '
+                             'sequence of block indices >= 0 containing 0 '
+                             f'(stage starts), got {state_init_blocks!r}')
+        if pretrained is not None and init_cfg is not None:
+            raise ValueError('ResNetKCLA: init_cfg and pretrained cannot be '
+                             'set at the same time; use init_cfg')
+
+        block, stage_blocks = self.arch_settings[depth]
+        if init_cfg is None:
+            if isinstance(pretrained, str):
+                warnings.warn('ResNetKCLA: pretrained is deprecated, use '
+                              'init_cfg=dict(type="Pretrained", '
+                              'checkpoint=...)')
+                self.init_cfg = dict(type='Pretrained', checkpoint=pretrained)
+            elif pretrained is None:
+                self.init_cfg = [
+                    dict(type='Kaiming', layer='Conv2d'),
+                    dict(
+                        type='Constant',
+                        val=1,
+                        layer=['_BatchNorm', 'GroupNorm'])
+                ]
+            else:
+                raise TypeError('ResNetKCLA: pretrained must be a str or '
+                                f'None, got {type(pretrained).__name__}')
+        block_init_cfg = None
+        if zero_init_residual and pretrained is None and init_cfg is None:
+            block_init_cfg = dict(
+                type='Constant',
+                val=0,
+                override=dict(
+                    name='norm2' if block is BasicBlock else 'norm3'))
+
+        self.depth = depth
+        self.stem_channels = stem_channels or base_channels
+        self.base_channels = base_channels
+        self.num_stages = num_stages
+        self.strides = strides
+        self.dilations = dilations
+        self.out_indices = tuple(out_indices)
+        self.style = style
+        self.deep_stem = deep_stem
+        self.avg_down = avg_down
+        self.frozen_stages = frozen_stages
+        self.conv_cfg = conv_cfg
+        self.norm_cfg = norm_cfg
+        self.norm_eval = norm_eval
+        self.with_cp = with_cp
+        self.zero_init_residual = zero_init_residual
+        self.layer_attention = layer_attention
+        self.stage_blocks = stage_blocks[:num_stages]
+
+        self._make_stem_layer(in_channels, self.stem_channels)
+        self.res_layers = []
+        self.attn_layers = []
+        inplanes = self.stem_channels
+        for i, num_blocks in enumerate(self.stage_blocks):
+            planes = base_channels * 2**i
+            res_layer = make_res_layer(
+                block,
+                inplanes,
+                planes,
+                num_blocks,
+                stride=strides[i],
+                dilation=dilations[i],
+                style=style,
+                avg_down=avg_down,
+                with_cp=with_cp,
+                conv_cfg=conv_cfg,
+                norm_cfg=norm_cfg,
+                dcn=dcn if stage_with_dcn[i] else None,
+                plugins=self._stage_plugins(plugins, i),
+                init_cfg=block_init_cfg)
+            layer_name = f'layer{i + 1}'
+            self.add_module(layer_name, res_layer)
+            self.res_layers.append(layer_name)
+            width = planes * block.expansion
+            if layer_attention is not None:
+                attn_name = f'{layer_name}_attn'
+                prev_width = None if i == 0 else inplanes
+                self.add_module(
+                    attn_name,
+                    nn.ModuleList([
+                        self._make_attention(
+                            layer_attention, width, j, prev_width, strides[i],
+                            head_dim, temperature_range, kcla_drop_path,
+                            state_init_blocks, kcla_impl, i)
+                        for j in range(num_blocks)
+                    ]))
+                self.attn_layers.append(attn_name)
+            inplanes = width
+        self.feat_dim = inplanes
+        self._freeze_stages()
+
+    def _make_stem_layer(self, in_channels: int, stem_channels: int) -> None:
+        if self.deep_stem:
+            mid = stem_channels // 2
+            layers = []
+            for j, (cin, cout, stride) in enumerate(
+                [(in_channels, mid, 2), (mid, mid, 1),
+                 (mid, stem_channels, 1)]):
+                layers += [
+                    build_conv_layer(
+                        self.conv_cfg,
+                        cin,
+                        cout,
+                        kernel_size=3,
+                        stride=stride,
+                        padding=1,
+                        bias=False),
+                    build_norm_layer(self.norm_cfg, cout)[1],
+                    nn.ReLU(inplace=True)
+                ]
+            self.stem = nn.Sequential(*layers)
+        else:
+            self.conv1 = build_conv_layer(
+                self.conv_cfg,
+                in_channels,
+                stem_channels,
+                kernel_size=7,
+                stride=2,
+                padding=3,
+                bias=False)
+            self.norm1_name, norm1 = build_norm_layer(
+                self.norm_cfg, stem_channels, postfix=1)
+            self.add_module(self.norm1_name, norm1)
+            self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+
+    @property
+    def norm1(self) -> nn.Module:
+        return getattr(self, self.norm1_name)
+
+    def _stage_plugins(self, plugins: Optional[List[dict]],
+                       stage_idx: int) -> List[dict]:
+        """The plugins of stage ``stage_idx``, without their 'stages' key."""
+        stage_plugins = []
+        for plugin in plugins or []:
+            plugin = plugin.copy()
+            stages = plugin.pop('stages', None)
+            if stages is not None and len(stages) != self.num_stages:
+                raise ValueError('ResNetKCLA: a plugin\'s stages needs one '
+                                 f'entry per stage ({self.num_stages}), got '
+                                 f'{stages!r}')
+            if stages is None or stages[stage_idx]:
+                stage_plugins.append(plugin)
+        return stage_plugins
+
+    def _make_attention(self, kind: str, width: int, block_idx: int,
+                        prev_width: Optional[int], stride: int,
+                        head_dim: Optional[int], temperature_range: tuple,
+                        drop_path: float, state_init_blocks: Sequence[int],
+                        impl: str, stage_idx: int) -> nn.Module:
+        """The attention layer after block ``block_idx`` of a stage."""
+        head_dim = head_dim if head_dim is not None else \
+            DEFAULT_HEAD_DIMS[kind]
+        norm_cfg = self.norm_cfg
+        try:
+            if kind == 'KCLA':
+                state_in_channels = None
+                if block_idx in state_init_blocks:
+                    state_in_channels = width if block_idx else prev_width
+                return KCLALayer(
+                    width,
+                    head_dim=head_dim,
+                    temperature_range=temperature_range,
+                    drop_path=drop_path,
+                    state_in_channels=state_in_channels,
+                    state_stride=stride if block_idx == 0 else 1,
+                    norm_cfg=norm_cfg,
+                    impl=impl)
+            if kind == 'LA':
+                return LayerAttention(
+                    width,
+                    head_dim=head_dim,
+                    drop_path=drop_path,
+                    reset_cache=block_idx == 0,
+                    norm_cfg=norm_cfg)
+            return MRLALight(
+                width, head_dim=head_dim, drop_path=drop_path,
+                norm_cfg=norm_cfg)
+        except ValueError as e:
+            raise ValueError(f'ResNetKCLA (stage {stage_idx + 1}, '
+                             f'{width} channels): {e}') from e
+
+    def _freeze_stages(self) -> None:
+        if self.frozen_stages >= 0:
+            stem = [self.stem] if self.deep_stem else [self.conv1, self.norm1]
+            for m in stem:
+                m.eval()
+                for param in m.parameters():
+                    param.requires_grad = False
+        for i in range(1, self.frozen_stages + 1):
+            modules = [getattr(self, f'layer{i}')]
+            if self.layer_attention is not None:
+                modules.append(getattr(self, f'layer{i}_attn'))
+            for m in modules:
+                m.eval()
+                for param in m.parameters():
+                    param.requires_grad = False
+
+    def init_weights(self) -> None:
+        """Initialise attention layers by the spec, then the rest (or load).
+
+        The attention layers are initialised first so that they keep their
+        scheme when a ``Pretrained`` checkpoint (e.g. plain ResNet weights)
+        lacks them.
+        """
+        for name in self.attn_layers:
+            for layer in getattr(self, name):
+                layer.init_weights()
+        super().init_weights()
+
+    def _check_input(self, x: Tensor) -> None:
+        if not isinstance(x, Tensor):
+            raise TypeError('ResNetKCLA: input must be a Tensor, got '
+                            f'{type(x).__name__}')
+        if x.dim() != 4 or x.shape[1] != self._in_channels():
+            raise ValueError(
+                'ResNetKCLA: input must be (B, in_channels, H, W) with '
+                f'in_channels={self._in_channels()}, got shape '
+                f'{tuple(x.shape)}')
+
+    def _in_channels(self) -> int:
+        first = self.stem[0] if self.deep_stem else self.conv1
+        return first.in_channels
+
+    def _attend(self, attn: nn.Module, x: Tensor, state,
+                identity: Optional[Tensor]):
+        args = (x, state, identity) if identity is not None else (x, state)
+        if self.with_cp and x.requires_grad:
+            return cp.checkpoint(attn, *args, use_reentrant=False)
+        return attn(*args)
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        """(B, in_channels, H, W) -> one (B, C_i, H_i, W_i) per out index."""
+        self._check_input(x)
+        if self.deep_stem:
+            x = self.stem(x)
+        else:
+            x = self.relu(self.norm1(self.conv1(x)))
+        x = self.maxpool(x)
+        outs = []
+        state = None
+        for i, layer_name in enumerate(self.res_layers):
+            blocks = getattr(self, layer_name)
+            attns = getattr(self, self.attn_layers[i]) \
+                if self.attn_layers else [None] * len(blocks)
+            for block, attn in zip(blocks, attns):
+                x_in = x
+                x = block(x)
+                if attn is None:
+                    continue
+                identity = None
+                if getattr(attn, 'needs_identity', False):
+                    identity = x_in if block.downsample is None else \
+                        block.downsample(x_in)
+                x, state = self._attend(attn, x, state, identity)
+            if i in self.out_indices:
+                outs.append(x)
+        return tuple(outs)
+
+    def train(self, mode: bool = True) -> 'ResNetKCLA':
+        """Set train mode, keeping frozen stages and (norm_eval) BNs in eval."""
+        super().train(mode)
+        self._freeze_stages()
+        if mode and self.norm_eval:
+            for m in self.modules():
+                if isinstance(m, _BatchNorm):
+                    m.eval()
+        return self

@@ -1,0 +1,30 @@
+"""ECA-style channel convolutions that produce KCLA's queries and keys."""
+import math
+
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def eca_kernel_size(channels: int) -> int:
+    """Kernel size of the ECA Conv1d for ``channels`` (spec section 2).
+
+    t = int(|log2(C) + 1| / 2); k = t if t is odd else t + 1. For example
+    64 -> 3, 128..1024 -> 5, 2048 -> 7.
+    """
+    t = int(abs(math.log2(channels) + 1) / 2)
+    return t if t % 2 else t + 1
+
+
+def build_eca_conv(channels: int) -> nn.Conv1d:
+    """Conv1d(1, 1, k, padding=(k - 1) // 2, bias=False) sliding on channels."""
+    k = eca_kernel_size(channels)
+    return nn.Conv1d(1, 1, kernel_size=k, padding=(k - 1) // 2, bias=False)
+
+
+def eca_project(conv: nn.Conv1d, pooled: Tensor, num_heads: int) -> Tensor:
+    """Apply ``conv`` to pooled features (B, C) in float32 -> (B, G, C // G)."""
+    b, c = pooled.shape
+    out = F.conv1d(pooled.float().view(b, 1, c), conv.weight.float(),
+                   padding=conv.padding)
+    return out.view(b, num_heads, c // num_heads)

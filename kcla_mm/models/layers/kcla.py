@@ -1,0 +1,272 @@
+"""Key-Correlated Layer Attention (KCLA), spec sections 2-4.
+
+Every residual block's output X attends to all earlier block outputs of the
+network through a recurrent state (U, Z) (:class:`KCLAState`), so the cost
+per block is independent of depth.
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmcv.cnn import build_norm_layer
+from mmcv.cnn.bricks.drop import DropPath
+from mmengine.model import BaseModule
+from torch import Tensor
+
+from kcla_mm.ops import kcla_state_update
+from kcla_mm.ops.kcla_state import IMPLS
+from .eca import build_eca_conv, eca_project
+from .state import KCLAState
+from .utils import (check_feature, check_head_dim, check_probability,
+                    log_uniform_temperatures, spatial_check)
+
+# exp(min(|K| * s, MAX_LOG_WEIGHT)): the authors' clamp of the layer weights.
+MAX_LOG_WEIGHT = 10.0
+
+
+def layer_weights(key: Tensor, norm_d: Tensor) -> Tensor:
+    """w_g = exp(min(|K_g| / norm_d_g, 10)) for keys (B, G, d) -> (B, G)."""
+    return torch.exp(torch.clamp(key.norm(dim=-1) / norm_d,
+                                 max=MAX_LOG_WEIGHT))
+
+
+class KCLAStateAdapter(BaseModule):
+    """Cross-stage adaptation of a carried state (spec section 3, Algorithm 1).
+
+    A' = BN(Conv1x1(U / Z)) (the conv only when width or resolution
+    changes), and the key k_u = Conv1d_u(GAP(A')) that weighs it.
+
+    Args:
+        in_channels (int): C' of the incoming state.
+        out_channels (int): C of the layer.
+        num_heads (int): G of the layer; the 1x1 conv's groups.
+        stride (int): the stage's real spatial stride (1 for dilated stages).
+        norm_cfg (dict): norm layer config. Defaults to ``dict(type='BN')``.
+        init_cfg (dict or list[dict], optional): initialisation config.
+    """
+
+    def __init__(self,
+                 in_channels: int,
+                 out_channels: int,
+                 num_heads: int,
+                 stride: int = 1,
+                 norm_cfg: dict = dict(type='BN'),
+                 init_cfg=None) -> None:
+        super().__init__(init_cfg)
+        if in_channels % num_heads != 0:
+            raise ValueError(
+                f'KCLAStateAdapter: the incoming state has {in_channels} '
+                f'channels, not divisible by the {num_heads} heads of the '
+                f'{out_channels}-channel layer; choose head_dim so that '
+                'channels / head_dim divides every stage width')
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.stride = stride
+        if in_channels != out_channels or stride != 1:
+            self.conv = nn.Conv2d(
+                in_channels,
+                out_channels,
+                kernel_size=1,
+                stride=stride,
+                groups=num_heads,
+                bias=False)
+        else:
+            self.conv = None
+        self.norm_name, norm = build_norm_layer(norm_cfg, out_channels)
+        self.add_module(self.norm_name, norm)
+        self.k_conv = build_eca_conv(out_channels)
+
+    def forward(self, state: KCLAState, num_heads: int) -> Tuple[Tensor, Tensor]:
+        """Adapt ``state`` (B, C', H', W') to (B, C, H, W).
+
+        Returns:
+            tuple[Tensor, Tensor]: A' (B, C, H, W) float32 and its key
+            (B, G, d) float32.
+        """
+        if state.u.shape[1] != self.in_channels:
+            raise ValueError(f'KCLAStateAdapter: the incoming state has '
+                             f'{state.u.shape[1]} channels, expected '
+                             f'in_channels={self.in_channels}')
+        a = state.aggregate()  # U / Z, no eps (authors' Algorithm 1)
+        if self.conv is not None:
+            a = self.conv(a.to(self.conv.weight.dtype))
+        a = getattr(self, self.norm_name)(a).float()
+        key = eca_project(self.k_conv, a.mean((2, 3)), num_heads)
+        return a, key
+
+
+class KCLALayer(BaseModule):
+    """The KCLA layer placed after one residual block (spec section 2).
+
+    With G = C / head_dim heads and X the block output (B, C, H, W)::
+
+        Q, K  = Conv1d_q(GAP(X)), Conv1d_k(GAP(X))        (B, G, d)
+        w     = exp(min(|K_g| * s_g, 10))                  (B, G)
+        U, Z  = U + w X, Z + w    (first layer: w X, w)
+        A     = U / (Z + eps)
+        gate  = sigmoid(Phi(<Q_g, K_g> / |K_g|))           (B, G)
+        Y     = DropPath(ReLU(BN(gate * DWConv3x3(A))))
+        out   = X + Y
+
+    s_g are G fixed log-uniform temperatures; the layer stores
+    ``norm_d = 1 / s``. U and Z are kept in float32 (also under autocast).
+    A layer built with ``state_in_channels`` first re-initialises the
+    incoming state with :class:`KCLAStateAdapter` (U = z A', Z = z).
+
+    Args:
+        channels (int): C, the block's output channels.
+        head_dim (int): d, channels per head; must divide C. Defaults to 64.
+        temperature_range (tuple[float, float]): (s_min, s_max).
+            Defaults to (0.7, 1 / 0.7).
+        drop_path (float): drop-path rate of the Y branch. Defaults to 0.2.
+        state_in_channels (int, optional): if given, this is an init layer:
+            it adapts an incoming state of this many channels. Defaults to
+            None (continue the incoming state, or start one).
+        state_stride (int): spatial stride from the incoming state to X,
+            for the adapter. Defaults to 1.
+        norm_cfg (dict): norm config of the Y branch and the adapter.
+            Defaults to ``dict(type='BN')``.
+        eps (float): added to Z before dividing. Defaults to 1e-3.
+        key_eps (float): lower bound of |K| in the gate (zero inputs).
+            Defaults to 1e-6.
+        impl (str): state-update implementation, ``'auto'`` (fused when
+            ``kcla_mm._ext`` supports the device), ``'fused'`` or ``'torch'``.
+            Defaults to ``'auto'``.
+        init_cfg (dict or list[dict], optional): initialisation config.
+            Defaults to the authors' scheme.
+
+    Example:
+        >>> layer = KCLALayer(128, head_dim=32)
+        >>> x = torch.rand(2, 128, 8, 8)
+        >>> out, state = layer(x)
+        >>> tuple(out.shape), tuple(state.u.shape), tuple(state.z.shape)
+        ((2, 128, 8, 8), (2, 128, 8, 8), (2, 4))
+    """
+
+    def __init__(self,
+                 channels: int,
+                 head_dim: int = 64,
+                 temperature_range: tuple = (0.7, 1 / 0.7),
+                 drop_path: float = 0.2,
+                 state_in_channels: Optional[int] = None,
+                 state_stride: int = 1,
+                 norm_cfg: dict = dict(type='BN'),
+                 eps: float = 1e-3,
+                 key_eps: float = 1e-6,
+                 impl: str = 'auto',
+                 init_cfg=[
+                     dict(
+                         type='Xavier',
+                         layer=['Conv1d', 'Linear'],
+                         distribution='uniform'),
+                     dict(
+                         type='Kaiming',
+                         layer='Conv2d',
+                         mode='fan_out',
+                         nonlinearity='relu'),
+                     dict(type='Constant', val=1, layer=['_BatchNorm'])
+                 ]) -> None:
+        super().__init__(init_cfg)
+        owner = type(self).__name__
+        self.channels = channels
+        self.num_heads = check_head_dim(channels, head_dim, owner)
+        self.head_dim = head_dim
+        check_probability(drop_path, 'drop_path', owner)
+        if impl not in IMPLS:
+            raise ValueError(f'{owner}: impl must be one of {IMPLS}, got '
+                             f'{impl!r}')
+        self.impl = impl
+        self.eps = eps
+        self.key_eps = key_eps
+        self.register_buffer(
+            'norm_d',
+            1.0 / log_uniform_temperatures(self.num_heads, temperature_range),
+            persistent=False)
+        self.q_conv = build_eca_conv(channels)
+        self.k_conv = build_eca_conv(channels)
+        self.v_conv = nn.Conv2d(
+            channels, channels, 3, padding=1, groups=channels, bias=False)
+        self.gate = nn.Linear(self.num_heads, self.num_heads, bias=False)
+        self.norm_name, norm = build_norm_layer(norm_cfg, channels)
+        self.add_module(self.norm_name, norm)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.adapter = None
+        if state_in_channels is not None:
+            self.adapter = KCLAStateAdapter(state_in_channels, channels,
+                                            self.num_heads, state_stride,
+                                            norm_cfg)
+
+    @property
+    def norm(self) -> nn.Module:
+        return getattr(self, self.norm_name)
+
+    def extra_repr(self) -> str:
+        return (f'channels={self.channels}, num_heads={self.num_heads}, '
+                f'impl={self.impl!r}')
+
+    def _initial_state(self, x: Tensor, state: Optional[KCLAState]
+                       ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+        """(U, Z) before this layer's own update; (None, None) to start."""
+        owner = type(self).__name__
+        if self.adapter is not None:
+            if state is None:
+                raise ValueError(
+                    f'{owner}: this init layer adapts an incoming state '
+                    f'(state_in_channels={self.adapter.in_channels}) but '
+                    'got none')
+            a, key = self.adapter(state, self.num_heads)
+            spatial_check(a.shape[2:], x.shape[2:], owner,
+                          'check the stage stride (state_stride)')
+            z = layer_weights(key, self.norm_d)
+            b, c, h, w = a.shape
+            u = (a.view(b, self.num_heads, -1, h, w) *
+                 z.view(b, self.num_heads, 1, 1, 1)).view(b, c, h, w)
+            return u, z
+        if state is None:
+            return None, None
+        if tuple(state.u.shape) != tuple(x.shape) \
+                or state.num_heads != self.num_heads:
+            raise ValueError(
+                f'{owner}: the incoming state has U {tuple(state.u.shape)} '
+                f'and {state.num_heads} heads, but the input is '
+                f'{tuple(x.shape)} with {self.num_heads} heads; a layer '
+                'after a change of width or resolution needs '
+                'state_in_channels')
+        return state.u, state.z
+
+    def forward(self,
+                x: Tensor,
+                state: Optional[KCLAState] = None
+                ) -> Tuple[Tensor, KCLAState]:
+        """Attend to the earlier layers and add the result to ``x``.
+
+        Args:
+            x (Tensor): the block output, (B, C, H, W).
+            state (KCLAState, optional): the state after the previous layer.
+
+        Returns:
+            tuple[Tensor, KCLAState]: X + Y (B, C, H, W) and the new state.
+        """
+        check_feature(x, self.channels, type(self).__name__)
+        b, c, h, w = x.shape
+        g = self.num_heads
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            pooled = x.float().mean((2, 3))
+            query = eca_project(self.q_conv, pooled, g)
+            key = eca_project(self.k_conv, pooled, g)
+            weight = layer_weights(key, self.norm_d)
+            relevance = (query * key).sum(-1) / key.norm(dim=-1).clamp_min(
+                self.key_eps)
+            gate = torch.sigmoid(
+                F.linear(relevance, self.gate.weight.float()))
+            u, z = self._initial_state(x, state)
+            z = weight if z is None else z + weight
+            u, agg = kcla_state_update(
+                x.float(), weight, z, u, eps=self.eps, impl=self.impl)
+        out = self.v_conv(agg.to(x.dtype))
+        # gate in float32: its gradient sums over d * H * W products, which
+        # overflows float16 (and sigmoid'(saturated) * inf = NaN)
+        out = out.view(b, g, c // g, h, w).float() * gate.view(b, g, 1, 1, 1)
+        y = self.drop_path(F.relu(self.norm(out.view(b, c, h, w).to(x.dtype))))
+        return x + y, KCLAState(u, z)

@@ -1,0 +1,59 @@
+"""Loading of ``kcla_mm._ext``, the compiled KCLA kernels.
+
+The extension is optional: without it every op runs its pure-PyTorch
+reference, and :func:`get_ext` warns once (not once per call).
+"""
+import importlib
+import warnings
+from functools import lru_cache
+from types import ModuleType
+from typing import Iterable, Optional, Tuple
+
+EXT_NAME = 'kcla_mm._ext'
+EXT_FUNCS = ('device_types', 'kcla_state_forward', 'kcla_state_backward')
+
+
+def load_ext(name: str = EXT_NAME,
+             funcs: Iterable[str] = EXT_FUNCS) -> ModuleType:
+    """Import the extension ``name`` and check it exports ``funcs``.
+
+    Raises:
+        ImportError: the module is missing or lacks one of ``funcs``; the
+            message says how to build it.
+    """
+    try:
+        ext = importlib.import_module(name)
+    except ImportError as e:
+        raise ImportError(
+            f'{name} could not be imported ({e}). Build it with '
+            '`pip install --no-build-isolation -e .` from the kcla_mm '
+            'repository (with KCLA_WITH_OPS unset or 1), or run '
+            '`bash tools/setup_env.sh`.') from e
+    missing = [f for f in funcs if not hasattr(ext, f)]
+    if missing:
+        raise ImportError(f'{name} lacks {missing}: it is older than this '
+                          'kcla_mm; rebuild it with `pip install '
+                          '--no-build-isolation -e .`')
+    return ext
+
+
+@lru_cache(maxsize=None)
+def get_ext() -> Optional[ModuleType]:
+    """The loaded extension, or None (with one warning) if unavailable."""
+    try:
+        return load_ext(EXT_NAME)
+    except ImportError as e:
+        warnings.warn(f'{e} Falling back to the pure-PyTorch KCLA ops.',
+                      RuntimeWarning, stacklevel=2)
+        return None
+
+
+def ext_device_types() -> Tuple[str, ...]:
+    """Device types (``'cpu'``, ``'cuda'``) the extension implements."""
+    ext = get_ext()
+    return tuple(ext.device_types()) if ext is not None else ()
+
+
+def has_device_impl(device_type: str) -> bool:
+    """Whether the fused ops can run on tensors of ``device_type``."""
+    return device_type in ext_device_types()

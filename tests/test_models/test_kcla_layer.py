@@ -1,0 +1,316 @@
+"""KCLALayer against a deliberately naive implementation of the spec."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kcla_mm.models.layers import (KCLALayer, KCLAState, LayerAttention,
+                                   eca_kernel_size, softmax_layer_attention)
+
+EPS = 1e-3
+
+
+# ---------------------------------------------------------------- naive spec
+def naive_eca(pooled, weight):
+    """Conv1d(1, 1, k, padding (k-1)/2, no bias) along channels, by hand."""
+    k = weight.numel()
+    p = (k - 1) // 2
+    padded = F.pad(pooled, (p, p))
+    c = pooled.shape[1]
+    return torch.stack([
+        sum(padded[:, ch + j] * weight.flatten()[j] for j in range(k))
+        for ch in range(c)
+    ], 1)
+
+
+def naive_bn_eval(x, bn):
+    scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+    return (x - bn.running_mean.view(1, -1, 1, 1)) * scale.view(
+        1, -1, 1, 1) + bn.bias.view(1, -1, 1, 1)
+
+
+def temperatures(g, lo=0.7, hi=1 / 0.7):
+    if g == 1:
+        return [lo]
+    return [math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * i /
+                     (g - 1)) for i in range(g)]
+
+
+def head_weight(key_head, s):
+    return torch.exp(torch.clamp(key_head.norm(dim=1) * s, max=10.0))
+
+
+def naive_kcla(layers, xs):
+    """Run the spec's equations over the layers (eval mode, no drop-path).
+
+    The history is a plain list of (per-head weights, tensor) pairs; the
+    aggregate is recomputed from the whole list at every layer.
+    """
+    history = []  # [(w (B, G), X (B, C, H, W))]
+    outs = []
+    for layer, x in zip(layers, xs):
+        b, c, h, w = x.shape
+        g = c // layer.head_dim
+        d = layer.head_dim
+        s = temperatures(g)
+        pooled = x.mean((2, 3))
+        q = naive_eca(pooled, layer.q_conv.weight)
+        k = naive_eca(pooled, layer.k_conv.weight)
+        if layer.adapter is not None:  # Algorithm 1: re-initialise
+            ad = layer.adapter
+            num = sum(
+                wt.repeat_interleave(xx.shape[1] // wt.shape[1], 1).view(
+                    b, -1, 1, 1) * xx for wt, xx in history)
+            den = sum(wt for wt, _ in history)
+            a = num / den.repeat_interleave(num.shape[1] // den.shape[1],
+                                            1).view(b, -1, 1, 1)
+            if ad.conv is not None:
+                a = F.conv2d(a, ad.conv.weight, stride=ad.conv.stride,
+                             groups=ad.conv.groups)
+            a = naive_bn_eval(a, getattr(ad, ad.norm_name))
+            ku = naive_eca(a.mean((2, 3)), ad.k_conv.weight)
+            z = torch.stack([
+                head_weight(ku[:, i * d:(i + 1) * d], s[i]) for i in range(g)
+            ], 1)
+            history = [(z, a)]
+        wts = torch.stack(
+            [head_weight(k[:, i * d:(i + 1) * d], s[i]) for i in range(g)],
+            1)
+        history.append((wts, x))
+        agg = torch.zeros_like(x)
+        gate_in = torch.zeros(b, g)
+        for i in range(g):
+            sl = slice(i * d, (i + 1) * d)
+            num = sum(wt[:, i].view(b, 1, 1, 1) * xx[:, sl]
+                      for wt, xx in history)
+            den = sum(wt[:, i] for wt, _ in history)
+            agg[:, sl] = num / (den.view(b, 1, 1, 1) + EPS)
+            gate_in[:, i] = (q[:, sl] * k[:, sl]).sum(1) / k[:, sl].norm(
+                dim=1)
+        o = F.conv2d(agg, layer.v_conv.weight, padding=1, groups=c)
+        gate = torch.sigmoid(gate_in @ layer.gate.weight.t())
+        o = o * gate.repeat_interleave(d, 1).view(b, c, 1, 1)
+        y = F.relu(naive_bn_eval(o, layer.norm))
+        outs.append(x + y)
+    return outs
+
+
+def randomise(layer, seed):
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in layer.named_parameters():
+        p.data = torch.randn(p.shape, generator=gen) * 0.5
+    for m in layer.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean = torch.randn(m.num_features, generator=gen) * 0.1
+            m.running_var = torch.rand(m.num_features, generator=gen) + 0.5
+    return layer
+
+
+def make_chain(impl):
+    layers = [
+        KCLALayer(16, head_dim=8, impl=impl),
+        KCLALayer(16, head_dim=8, impl=impl),
+        KCLALayer(32, head_dim=8, state_in_channels=16, state_stride=2,
+                  impl=impl),
+        KCLALayer(32, head_dim=8, impl=impl),
+        KCLALayer(32, head_dim=8, state_in_channels=32, impl=impl),
+        KCLALayer(32, head_dim=8, impl=impl),
+    ]
+    return [randomise(layer, i).eval() for i, layer in enumerate(layers)]
+
+
+@pytest.mark.parametrize('impl', ['torch', 'fused'])
+def test_kcla_layer_equals_naive_spec(impl):
+    torch.manual_seed(0)
+    layers = make_chain(impl)
+    xs = [torch.randn(2, 16, 8, 6) for _ in range(2)] + \
+        [torch.randn(2, 32, 4, 3) for _ in range(4)]
+    state = None
+    outs = []
+    with torch.no_grad():
+        for layer, x in zip(layers, xs):
+            out, state = layer(x, state)
+            outs.append(out)
+        expected = naive_kcla(layers, xs)
+    for t, (a, b) in enumerate(zip(outs, expected)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5,
+                                   msg=f'layer {t}')
+
+
+def test_fused_and_torch_paths_agree_with_gradients():
+    torch.manual_seed(0)
+    xs = [torch.randn(2, 16, 8, 6) for _ in range(2)] + \
+        [torch.randn(2, 32, 4, 3) for _ in range(4)]
+    results = {}
+    for impl in ('torch', 'fused'):
+        layers = make_chain(impl)
+        for layer in layers:
+            layer.train()
+        inputs = [x.clone().requires_grad_() for x in xs]
+        torch.manual_seed(1)  # same drop-path masks
+        state = None
+        total = 0
+        for layer, x in zip(layers, inputs):
+            out, state = layer(x, state)
+            total = total + (out * torch.cos(out)).sum()
+        total.backward()
+        results[impl] = [out] + [x.grad for x in inputs] + [
+            p.grad for layer in layers for p in layer.parameters()]
+    for a, b in zip(results['torch'], results['fused']):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_eca_kernel_sizes_match_spec():
+    assert [eca_kernel_size(c) for c in (64, 128, 256, 512, 1024, 2048)] == \
+        [3, 5, 5, 5, 5, 7]
+
+
+def test_temperatures_and_norm_d_buffer():
+    layer = KCLALayer(256, head_dim=64)
+    s = 1 / layer.norm_d
+    torch.testing.assert_close(
+        s, torch.tensor([0.700, 0.888, 1.126, 1.429]), atol=1e-3, rtol=0)
+    assert 'norm_d' not in layer.state_dict()
+
+
+def test_collinear_keys_single_head_equal_softmax_layer_attention():
+    """The approximation claim: KCLA is exact when keys are collinear."""
+    torch.manual_seed(0)
+    c, t = 16, 6
+    layers = [KCLALayer(c, head_dim=c).eval() for _ in range(t)]
+    shared_k = torch.randn(1, 1, eca_kernel_size(c))
+    for layer in layers:
+        layer.k_conv.weight.data.copy_(shared_k)
+    base = torch.randn(2, c, 5, 5)
+    base = base / layer.k_conv(base.mean((2, 3)).unsqueeze(1)).norm(
+        dim=-1, keepdim=True).view(2, 1, 1, 1)  # |K_0| = 1
+    xs = []
+    for i in range(t):
+        noise = torch.randn(2, c, 5, 5)
+        noise = noise - noise.mean((2, 3), keepdim=True)  # GAP(noise) = 0
+        xs.append((0.5 + 1.5 * i) * base + noise)
+    state = None
+    with torch.no_grad():
+        for layer, x in zip(layers, xs):
+            _, state = layer(x, state)
+        keys = torch.stack([
+            layers[0].k_conv(x.mean((2, 3)).unsqueeze(1)).view(2, 1, c)
+            for x in xs
+        ], 1)  # (B, T, G=1, d)
+    direction = keys[:, 0] / keys[:, 0].norm(dim=-1, keepdim=True)
+    cos = F.cosine_similarity(keys, direction.unsqueeze(1), dim=-1)
+    torch.testing.assert_close(cos, torch.ones_like(cos))
+    assert (keys.norm(dim=-1) * 0.7).max() < 10  # below the clamp
+    expected = softmax_layer_attention(direction, keys, torch.stack(xs, 1),
+                                       scale=0.7)
+    torch.testing.assert_close(
+        state.aggregate(eps=EPS), expected, rtol=2e-3, atol=1e-5)
+    # and not trivially: the weights are far from uniform
+    uniform = torch.stack(xs, 1).mean(1)
+    assert (expected - uniform).abs().max() > 0.1
+
+
+def test_state_memory_constant_in_depth_la_cache_grows():
+    sizes = {}
+    for depth in (4, 40):
+        kcla = [KCLALayer(64, head_dim=16).eval() for _ in range(depth)]
+        la = [
+            LayerAttention(64, head_dim=16, reset_cache=(i == 0)).eval()
+            for i in range(depth)
+        ]
+        x = torch.randn(1, 64, 8, 8)
+        state, cache = None, None
+        with torch.no_grad():
+            for layer in kcla:
+                _, state = layer(x, state)
+            for layer in la:
+                _, cache = layer(x, cache)
+        assert isinstance(state, KCLAState)
+        sizes[depth] = (state.u.numel() + state.z.numel(),
+                        sum(t.numel() for t in cache.keys + cache.values))
+    assert sizes[4][0] == sizes[40][0] == 64 * 8 * 8 + 4
+    assert sizes[40][1] == 10 * sizes[4][1]
+
+
+def test_softmax_layer_attention_matches_loop():
+    torch.manual_seed(0)
+    b, t, g, d, h, w = 2, 3, 2, 4, 3, 3
+    q = torch.randn(b, g, d)
+    k = torch.randn(b, t, g, d)
+    v = torch.randn(b, t, g * d, h, w)
+    out = softmax_layer_attention(q, k, v, scale=0.5)
+    for bi in range(b):
+        for gi in range(g):
+            logits = torch.tensor(
+                [0.5 * float(q[bi, gi] @ k[bi, s, gi]) for s in range(t)])
+            a = torch.softmax(logits, 0)
+            ref = sum(a[s] * v[bi, s, gi * d:(gi + 1) * d] for s in range(t))
+            torch.testing.assert_close(out[bi, gi * d:(gi + 1) * d], ref)
+
+
+def test_zero_input_gives_finite_output_and_grads():
+    layer = KCLALayer(32, head_dim=16).train()
+    x = torch.zeros(2, 32, 4, 4, requires_grad=True)
+    out, state = layer(x)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in layer.parameters()
+               if p.grad is not None)
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_autocast_keeps_state_float32_and_finite_at_clamp(dtype):
+    """23 layers whose key norms all hit the clamp (e^10 each)."""
+    torch.manual_seed(0)
+    layers = [KCLALayer(64, head_dim=16) for _ in range(23)]
+    for layer in layers:  # positive taps: large features give large keys
+        layer.k_conv.weight.data.uniform_(0.3, 1.0)
+    x = (20 + 5 * torch.randn(2, 64, 6, 6)).requires_grad_()
+    state = None
+    with torch.autocast('cpu', dtype=dtype):
+        out = x
+        for layer in layers:
+            key = layer.k_conv(out.float().mean((2, 3)).unsqueeze(1))
+            assert (key.view(2, 4, 16).norm(dim=-1) * 0.7).min() > 10
+            out, state = layer(out, state)
+    assert state.u.dtype == torch.float32 and state.z.dtype == torch.float32
+    assert torch.isfinite(out).all() and torch.isfinite(state.u).all()
+    out.float().sum().backward()
+    assert torch.isfinite(x.grad).all()
+    assert all(torch.isfinite(p.grad).all() for layer in layers
+               for p in layer.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize('kwargs,error,message', [
+    (dict(channels=96, head_dim=64), ValueError,
+     'head_dim=64 must divide the channels \\(96\\)'),
+    (dict(channels=64, head_dim=0), ValueError, 'head_dim must be a positive'),
+    (dict(channels=64, drop_path=1.5), ValueError,
+     'drop_path must be a float in \\[0, 1\\)'),
+    (dict(channels=64, impl='gpu'), ValueError, 'impl must be one of'),
+    (dict(channels=64, temperature_range=(2.0, 1.0)), ValueError,
+     'temperature_range must be'),
+])
+def test_bad_layer_config_is_named(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        KCLALayer(**kwargs)
+
+
+def test_bad_layer_input_is_named():
+    layer = KCLALayer(64, head_dim=32)
+    with pytest.raises(ValueError, match='must be 4-D'):
+        layer(torch.randn(2, 64, 4))
+    with pytest.raises(ValueError, match='input has 32 channels, the layer '
+                       'was built for channels=64'):
+        layer(torch.randn(2, 32, 4, 4))
+    with pytest.raises(TypeError, match='must be floating point'):
+        layer(torch.ones(2, 64, 4, 4, dtype=torch.long))
+    _, state = KCLALayer(32, head_dim=16)(torch.randn(2, 32, 4, 4))
+    with pytest.raises(ValueError, match='needs state_in_channels'):
+        layer(torch.randn(2, 64, 2, 2), state)
+    adapting = KCLALayer(64, head_dim=32, state_in_channels=32)
+    with pytest.raises(ValueError, match='adapts an incoming state'):
+        adapting(torch.randn(2, 64, 4, 4))
+    with pytest.raises(ValueError, match='check the stage stride'):
+        adapting(torch.randn(2, 64, 2, 2), state)

@@ -1,0 +1,234 @@
+"""ResNetKCLA: mmdet ResNet's interface, KCLA's extras, registries."""
+import pytest
+import torch
+from mmdet.models.backbones import ResNet
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from kcla_mm.models import KCLALayer, LayerAttention, MRLALight, ResNetKCLA
+
+
+def n_params(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_parameter_overhead_r50_r101():
+    extra50 = n_params(ResNetKCLA(50)) - n_params(ResNet(50))
+    assert 0.29e6 <= extra50 <= 0.31e6, extra50
+    # The authors' 0.533M counts modules their code builds but never uses
+    # (layer1.attention.0's adapter, block 11's channel conv); without them:
+    extra101 = n_params(ResNetKCLA(101)) - n_params(ResNet(101))
+    assert 0.48e6 <= extra101 <= 0.54e6, extra101
+
+
+@pytest.mark.parametrize('depth', [18, 34, 50, 101, 152])
+def test_kcla_off_equals_mmdet_resnet(depth):
+    torch.manual_seed(0)
+    ref = ResNet(depth, base_channels=16, norm_eval=False)
+    ours = ResNetKCLA(depth, base_channels=16, layer_attention=None,
+                      norm_eval=False)
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    x = torch.randn(2, 3, 64, 64)
+    ref.train()
+    ours.train()
+    for a, b in zip(ref(x), ours(x)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize('kwargs', [
+    dict(deep_stem=True, avg_down=True),
+    dict(style='caffe', strides=(1, 2, 2, 1), dilations=(1, 1, 1, 2)),
+    dict(num_stages=3, out_indices=(1, 2), strides=(1, 2, 2),
+         dilations=(1, 1, 1)),
+])
+def test_kcla_off_equals_mmdet_resnet_options(kwargs):
+    torch.manual_seed(0)
+    ref = ResNet(50, base_channels=16, **kwargs)
+    ours = ResNetKCLA(50, base_channels=16, layer_attention=None, **kwargs)
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    ref.eval()  # mmdet's train() returns None
+    ours.eval()
+    x = torch.randn(1, 3, 64, 64)
+    for a, b in zip(ref(x), ours(x)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize('scope', ['mmdet', 'mmseg'])
+def test_builds_by_name_and_gives_stage_outputs(scope):
+    import kcla_mm  # noqa: F401
+    if scope == 'mmdet':
+        from mmdet.registry import MODELS
+    else:
+        from mmseg.registry import MODELS
+    model = MODELS.build(dict(type='ResNetKCLA', depth=50))
+    assert isinstance(model, ResNetKCLA)
+    model.init_weights()
+    model.eval()
+    with torch.no_grad():
+        outs = model(torch.rand(2, 3, 224, 224))
+    assert [tuple(o.shape) for o in outs] == [(2, 256, 56, 56),
+                                             (2, 512, 28, 28),
+                                             (2, 1024, 14, 14),
+                                             (2, 2048, 7, 7)]
+
+
+def test_gradients_reach_every_trainable_parameter():
+    model = ResNetKCLA(50, norm_eval=False, frozen_stages=1).train()
+    outs = model(torch.rand(2, 3, 96, 96))
+    sum(o.mean() for o in outs).backward()
+    trainable = [(n, p) for n, p in model.named_parameters()
+                 if p.requires_grad]
+    missing = [n for n, p in trainable if p.grad is None]
+    assert not missing
+    assert all(torch.isfinite(p.grad).all() for _, p in trainable)
+    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+    assert any(n.startswith('layer1_attn') for n in frozen)
+
+
+def test_ddp_without_find_unused_parameters(tmp_path):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    dist.init_process_group(
+        'gloo', init_method=f'file://{tmp_path}/rendezvous', rank=0,
+        world_size=1)
+    try:
+        model = DistributedDataParallel(
+            ResNetKCLA(18, base_channels=16, head_dim=16, norm_eval=False),
+            find_unused_parameters=False)
+        for _ in range(2):  # an unused parameter fails the 2nd iteration
+            outs = model(torch.rand(2, 3, 64, 64))
+            sum(o.mean() for o in outs).backward()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_first_layer_has_no_adapter_and_init_blocks():
+    model = ResNetKCLA(101)
+    assert model.layer1_attn[0].adapter is None
+    assert model.layer2_attn[0].adapter.conv.stride == (2, 2)
+    assert model.layer3_attn[11].adapter is not None
+    assert model.layer3_attn[11].adapter.conv is None  # same width
+    assert model.layer3_attn[10].adapter is None
+
+
+def test_dilated_backbone_adapter_follows_real_stride():
+    model = ResNetKCLA(50, base_channels=16, head_dim=16,
+                       strides=(1, 2, 1, 1), dilations=(1, 1, 2, 4))
+    assert model.layer3_attn[0].adapter.conv.stride == (1, 1)
+    model.eval()
+    outs = model(torch.rand(1, 3, 64, 64))
+    assert [o.shape[-1] for o in outs] == [16, 8, 8, 8]
+
+
+@pytest.mark.parametrize('kind,cls', [('KCLA', KCLALayer),
+                                      ('LA', LayerAttention),
+                                      ('MRLA-light', MRLALight)])
+def test_layer_attention_variants(kind, cls):
+    model = ResNetKCLA(50, base_channels=16, head_dim=16,
+                       layer_attention=kind, norm_eval=False).train()
+    assert isinstance(model.layer3_attn[2], cls)
+    outs = model(torch.rand(2, 3, 64, 64))
+    assert [tuple(o.shape) for o in outs] == [(2, 64, 16, 16), (2, 128, 8, 8),
+                                             (2, 256, 4, 4), (2, 512, 2, 2)]
+    sum(o.mean() for o in outs).backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_fused_and_torch_backbones_agree():
+    torch.manual_seed(0)
+    fused = ResNetKCLA(50, base_channels=16, head_dim=16, kcla_impl='fused')
+    plain = ResNetKCLA(50, base_channels=16, head_dim=16, kcla_impl='torch')
+    plain.load_state_dict(fused.state_dict())
+    x = torch.rand(2, 3, 64, 64)
+    for a, b in zip(fused.eval()(x), plain.eval()(x)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_with_cp_gives_same_outputs_and_gradients():
+    torch.manual_seed(0)
+    models = [ResNetKCLA(50, base_channels=16, head_dim=16, with_cp=cp)
+              for cp in (False, True)]
+    models[1].load_state_dict(models[0].state_dict())
+    x = torch.rand(2, 3, 64, 64)
+    results = []
+    for model in models:
+        model.train()
+        torch.manual_seed(1)  # same drop-path masks
+        inp = x.clone().requires_grad_()
+        outs = model(inp)
+        sum((o * o).mean() for o in outs).backward()
+        results.append([o.detach() for o in outs] + [inp.grad] +
+                       [p.grad for p in model.parameters()])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_frozen_stages_and_norm_eval_survive_train():
+    model = ResNetKCLA(50, base_channels=16, head_dim=16, frozen_stages=2,
+                       norm_eval=True)
+    model.train()
+    for name in ('layer1', 'layer2', 'layer1_attn', 'layer2_attn'):
+        module = getattr(model, name)
+        assert not module.training
+        assert all(not p.requires_grad for p in module.parameters())
+    assert all(p.requires_grad for p in model.layer3_attn.parameters())
+    assert all(not m.training for m in model.modules()
+               if isinstance(m, _BatchNorm))
+    model = ResNetKCLA(50, base_channels=16, head_dim=16, norm_eval=False)
+    model.train()
+    assert model.layer3_attn[0].norm.training
+
+
+def test_zero_init_residual_and_kcla_init():
+    model = ResNetKCLA(50)
+    model.init_weights()
+    assert (model.layer2[0].norm3.weight == 0).all()
+    layer = model.layer2_attn[1]
+    assert (layer.norm.weight == 1).all() and (layer.norm.bias == 0).all()
+    bound = (6 / (layer.gate.in_features + layer.gate.out_features))**0.5
+    assert layer.gate.weight.abs().max() <= bound
+    assert layer.gate.weight.std() > 0
+
+
+def test_float16_autocast_forward_r50_is_finite():
+    model = ResNetKCLA(50).eval()
+    x = torch.rand(1, 3, 128, 128) * 255  # unnormalised pixels: large keys
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.float16):
+        outs = model(x)
+    assert all(torch.isfinite(o).all() for o in outs)
+
+
+@pytest.mark.parametrize('kwargs,error,message', [
+    (dict(depth=42), ValueError, 'depth must be one of \\[18, 34, 50, 101, '
+     '152\\], got 42'),
+    (dict(depth=50, out_indices=(0, 4)), ValueError,
+     'out_indices must be .* ints in \\[0, 3\\]'),
+    (dict(depth=50, head_dim=96), ValueError,
+     'stage 1, 256 channels.*head_dim=96 must divide the channels'),
+    (dict(depth=50, num_stages=5), ValueError, 'num_stages must be an int in'),
+    (dict(depth=50, strides=(1, 2)), ValueError, 'strides must be a sequence'
+     ' of 4 ints'),
+    (dict(depth=50, style='tf'), ValueError, "style must be 'pytorch'"),
+    (dict(depth=50, frozen_stages=7), ValueError, 'frozen_stages must be'),
+    (dict(depth=50, layer_attention='SE'), ValueError,
+     'layer_attention must be one of'),
+    (dict(depth=50, kcla_impl='cuda'), ValueError, 'kcla_impl must be one of'),
+    (dict(depth=50, state_init_blocks=(11, )), ValueError,
+     'state_init_blocks must be .* containing 0'),
+    (dict(depth=50, kcla_drop_path=2.0), ValueError, 'drop_path must be'),
+    (dict(depth=50, pretrained='a.pth', init_cfg=dict(type='Pretrained')),
+     ValueError, 'init_cfg and pretrained cannot be set'),
+])
+def test_bad_config_raises_naming_option(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        ResNetKCLA(**kwargs)
+
+
+def test_bad_input_raises_naming_shape():
+    model = ResNetKCLA(18, base_channels=16, head_dim=16)
+    with pytest.raises(ValueError, match='in_channels=3, got shape '
+                       '\\(2, 4, 32, 32\\)'):
+        model(torch.rand(2, 4, 32, 32))
+    with pytest.raises(ValueError, match='got shape \\(3, 32, 32\\)'):
+        model(torch.rand(3, 32, 32))
+    with pytest.raises(TypeError, match='input must be a Tensor'):
+        model([torch.rand(1, 3, 32, 32)])
