@@ -10,7 +10,10 @@ from types import ModuleType
 from typing import Iterable, Optional, Tuple
 
 EXT_NAME = 'kcla_mm._ext'
-EXT_FUNCS = ('device_types', 'kcla_state_forward', 'kcla_state_backward')
+EXT_FUNCS = ('device_types', 'kcla_state_forward', 'kcla_state_backward',
+             'kcla_branch_forward', 'kcla_branch_recompute',
+             'kcla_bn_relu_add_forward', 'kcla_bn_relu_add_backward',
+             'kcla_branch_backward', 'kcla_branch_inference')
 
 
 def load_ext(name: str = EXT_NAME,
@@ -48,12 +51,17 @@ def get_ext() -> Optional[ModuleType]:
         return None
 
 
-def ext_device_types() -> Tuple[str, ...]:
-    """Device types (``'cpu'``, ``'cuda'``) the extension implements."""
+def ext_device_types(group: str = 'state') -> Tuple[str, ...]:
+    """Device types (``'cpu'``, ``'cuda'``) implementing an op group.
+
+    Args:
+        group (str): ``'state'`` (the state update) or ``'branch'`` (the
+            fused branch kernels). Defaults to ``'state'``.
+    """
     ext = get_ext()
-    return tuple(ext.device_types()) if ext is not None else ()
+    return tuple(ext.device_types(group)) if ext is not None else ()
 
 
-def has_device_impl(device_type: str) -> bool:
-    """Whether the fused ops can run on tensors of ``device_type``."""
-    return device_type in ext_device_types()
+def has_device_impl(device_type: str, group: str = 'state') -> bool:
+    """Whether the op group can run on tensors of ``device_type``."""
+    return device_type in ext_device_types(group)

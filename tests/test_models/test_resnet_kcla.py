@@ -232,3 +232,38 @@ def test_bad_input_raises_naming_shape():
         model(torch.rand(3, 32, 32))
     with pytest.raises(TypeError, match='input must be a Tensor'):
         model([torch.rand(1, 3, 32, 32)])
+
+
+def test_dcn_and_plugins_match_mmdet_resnet():
+    """mmcv's DCN in stages 3-4 and a ContextBlock plugin, KCLA off."""
+    torch.manual_seed(0)
+    kwargs = dict(
+        base_channels=16,
+        dcn=dict(type='DCN', deform_groups=1, fallback_on_stride=False),
+        stage_with_dcn=(False, False, True, True),
+        plugins=[
+            dict(cfg=dict(type='ContextBlock', ratio=1. / 4),
+                 stages=(False, True, True, True), position='after_conv3')
+        ])
+    ref = ResNet(50, **kwargs)
+    ours = ResNetKCLA(50, layer_attention=None, **kwargs)
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    ref.eval()
+    ours.eval()
+    x = torch.randn(1, 3, 128, 128)  # mmcv's CPU DCN needs maps >= 3x3
+    for a, b in zip(ref(x), ours(x)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    with_kcla = ResNetKCLA(50, head_dim=16, **kwargs).train()
+    outs = with_kcla(x.expand(2, -1, -1, -1))
+    sum(o.mean() for o in outs).backward()
+    assert with_kcla.layer3[0].conv2.weight.grad is not None
+    assert with_kcla.layer3[0].context_block.channel_add_conv[0].weight.grad \
+        is not None
+
+
+def test_pretrained_argument_is_deprecated_alias_of_init_cfg():
+    with pytest.warns(UserWarning, match='pretrained is deprecated'):
+        model = ResNetKCLA(18, pretrained='some.pth')
+    assert model.init_cfg == dict(type='Pretrained', checkpoint='some.pth')
+    with pytest.raises(TypeError, match='pretrained must be a str or None'):
+        ResNetKCLA(18, pretrained=3)

@@ -15,6 +15,8 @@ from mmengine.model import BaseModule
 from torch import Tensor
 
 from kcla_mm.ops import kcla_state_update
+from kcla_mm.ops.kcla_branch import (branch_supported, kcla_branch,
+                                     kcla_branch_inference)
 from kcla_mm.ops.kcla_state import IMPLS
 from .eca import build_eca_conv, eca_project
 from .state import KCLAState
@@ -235,6 +237,30 @@ class KCLALayer(BaseModule):
                 'state_in_channels')
         return state.u, state.z
 
+    def _use_fused_branch(self, x: Tensor) -> bool:
+        """Fused kernels for steps 4-8 (float32 BN layers, extension built)."""
+        return self.impl != 'torch' and x.dtype in (
+            torch.float32, torch.float64) and branch_supported(x, self.norm)
+
+    def _fused_branch(self, x: Tensor, u: Optional[Tensor], weight: Tensor,
+                      z: Tensor, gate: Tensor) -> Tuple[Tensor, Tensor]:
+        """(X + Y, U) through ``kcla_mm._ext``; in no-grad eval mode the
+        incoming U is updated in place."""
+        if not torch.is_grad_enabled() and not self.norm.training:
+            return kcla_branch_inference(x, u, weight, z, gate,
+                                         self.v_conv.weight, self.norm,
+                                         self.eps)
+        b = x.shape[0]
+        keep = x.new_ones(b)
+        drop_prob = getattr(self.drop_path, 'drop_prob', 0.0)
+        if self.training and drop_prob > 0:  # mmcv DropPath's masks
+            keep_prob = 1 - drop_prob
+            keep = (keep_prob + torch.rand(
+                (b, 1, 1, 1), dtype=x.dtype,
+                device=x.device)).floor_().view(b) / keep_prob
+        return kcla_branch(x, u, weight, z, gate, self.v_conv.weight,
+                           self.norm, keep, self.eps)
+
     def forward(self,
                 x: Tensor,
                 state: Optional[KCLAState] = None
@@ -262,6 +288,10 @@ class KCLALayer(BaseModule):
                 F.linear(relevance, self.gate.weight.float()))
             u, z = self._initial_state(x, state)
             z = weight if z is None else z + weight
+            if self._use_fused_branch(x):
+                out, u = self._fused_branch(x.float().contiguous(), u, weight,
+                                            z, gate)
+                return out.to(x.dtype), KCLAState(u, z)
             u, agg = kcla_state_update(
                 x.float(), weight, z, u, eps=self.eps, impl=self.impl)
         out = self.v_conv(agg.to(x.dtype))

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Compiles and links kcla_mm._ext with CUDA (FORCE_CUDA=1) without a GPU, so
+# the .cu sources never rot. torch here is CPU-only, so this uses a separate
+# virtualenv with torch 2.14.1 (a CUDA 13.0 build) and the machine's nvcc.
+# The extension is built out of tree (into $KCLA_CUDA_BUILD_DIR) and never
+# replaces the CPU build in kcla_mm/.
+#
+# Environment: KCLA_CUDA_VENV (default <repo>/.venv-cuda),
+#   KCLA_CUDA_BUILD_DIR (default <repo>/build/cuda-check),
+#   TORCH_CUDA_ARCH_LIST (default "9.0"), CUDA_HOME (default /usr/local/cuda).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${KCLA_CUDA_VENV:-$ROOT/.venv-cuda}"
+OUT="${KCLA_CUDA_BUILD_DIR:-$ROOT/build/cuda-check}"
+export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
+export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
+
+command -v "$CUDA_HOME/bin/nvcc" >/dev/null \
+    || { echo "[cuda-check] error: no nvcc under CUDA_HOME=$CUDA_HOME" >&2; exit 1; }
+if [ ! -x "$VENV/bin/python" ]; then
+    "${PYTHON:-python3}" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check --quiet)
+if ! "$VENV/bin/python" -c 'import torch; assert torch.version.cuda' 2>/dev/null; then
+    echo "[cuda-check] installing torch 2.14.1 (CUDA build) into $VENV"
+    "${PIP[@]}" torch==2.14.1
+fi
+"${PIP[@]}" -r "$ROOT/requirements/build.txt"
+# torch's CUDA headers include cuSPARSE/cuBLAS headers that the machine's
+# toolkit lacks; the NVIDIA wheels installed with torch carry them
+for inc in "$VENV"/lib/python3*/site-packages/nvidia/*/include; do
+    CPATH="${CPATH:+$CPATH:}$inc"
+done
+export CPATH
+rm -rf "$OUT"
+mkdir -p "$OUT"
+cd "$ROOT"
+FORCE_CUDA=1 "$VENV/bin/python" setup.py --quiet build_ext \
+    --build-lib "$OUT/lib" --build-temp "$OUT/tmp"
+SO="$(ls "$OUT"/lib/kcla_mm/_ext*.so)"
+# the library must define the CUDA launchers and link against libcudart
+nm -D --defined-only "$SO" | grep -q kcla_state_forward_cuda \
+    || { echo "[cuda-check] error: $SO has no CUDA launchers" >&2; exit 1; }
+echo "[cuda-check] ok: $SO"
