@@ -40,6 +40,6 @@ FORCE_CUDA=1 "$VENV/bin/python" setup.py --quiet build_ext \
     --build-lib "$OUT/lib" --build-temp "$OUT/tmp"
 SO="$(ls "$OUT"/lib/kcla_mm/_ext*.so)"
 # the library must define the CUDA launchers and link against libcudart
-nm -D --defined-only "$SO" | grep -q kcla_state_forward_cuda \
+nm -C --defined-only "$SO" | grep -q "kcla_state_forward_cuda(" \
     || { echo "[cuda-check] error: $SO has no CUDA launchers" >&2; exit 1; }
 echo "[cuda-check] ok: $SO"

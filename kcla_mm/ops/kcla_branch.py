@@ -87,16 +87,16 @@ class KCLABranchFunction(Function):
         ext.kcla_branch_recompute(u_next, z, gate, weight, o, ctx.eps)
         grad_o = torch.empty_like(x)
         sum_grad = torch.empty_like(scale)
-        sum_grad_o = torch.empty_like(scale)
-        ext.kcla_bn_relu_add_backward(grad_out, o, scale, shift, keep,
-                                      grad_o, sum_grad, sum_grad_o)
+        sum_grad_centered = torch.empty_like(scale)
+        ext.kcla_bn_relu_add_backward(grad_out, o, scale, shift, keep, mean,
+                                      grad_o, sum_grad, sum_grad_centered)
         del o
         # sum over positions of g_n * x_hat, x_hat = (o - mean) * invstd
-        sum_grad_xhat = invstd * (sum_grad_o - mean * sum_grad)
+        sum_grad_xhat = invstd * sum_grad_centered
         if ctx.use_batch_stats:  # the batch statistics depend on o
             n = x.numel() // x.shape[1]
             beta = -scale * invstd * sum_grad_xhat / n
-            alpha = -scale * sum_grad / n - beta * mean
+            alpha = -scale * sum_grad / n
         else:
             alpha = beta = torch.zeros_like(scale)
         grad_x = torch.empty_like(x)
@@ -104,7 +104,8 @@ class KCLABranchFunction(Function):
         grad_w, grad_z, grad_gate = (torch.empty_like(w) for _ in range(3))
         grad_weight = torch.empty_like(weight)
         ext.kcla_branch_backward(grad_o, alpha.contiguous(), beta.contiguous(),
-                                 grad_u_next.contiguous(), grad_out, x,
+                                 mean.contiguous(), grad_u_next.contiguous(),
+                                 grad_out, x,
                                  u_next, w, z, gate, weight, grad_x, grad_u,
                                  grad_w, grad_z, grad_gate, grad_weight,
                                  ctx.eps)

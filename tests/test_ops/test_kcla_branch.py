@@ -154,3 +154,26 @@ def test_raw_branch_ops_name_bad_arguments():
                                      torch.ones(5), torch.empty_like(x))
     with pytest.raises(RuntimeError, match="unknown op group 'fused'"):
         ext.device_types('fused')
+
+
+def test_gradients_stay_accurate_when_feature_mean_dwarfs_std():
+    """Post-ReLU features give BN inputs with |mean| >> std; the backward
+    must not cancel catastrophically (it did when using sum(g * o))."""
+    x, u, w, z, gate, weight, norm, keep = make_case(b=4, c=8, h=9, w=9,
+                                                     g=2)
+    x = x + 300.0
+    u = u + 300.0 * z.repeat_interleave(4, 1).view(4, 8, 1, 1)
+    weight = weight.abs() + 0.1  # o ~ 300 * gate * sum(weight), std ~ 1
+    ref_norm = clone_norm(norm).train()
+    norm.train()
+    leaves = [t.clone().requires_grad_() for t in (x, u, w, z, gate, weight)]
+    ref_leaves = [t.double().detach().requires_grad_() for t in leaves]
+    fused = kcla_branch(*leaves, norm, keep, EPS)
+    ref = reference_branch(*ref_leaves, ref_norm.double(), keep.double())
+    seed = [torch.randn_like(fused[0]), torch.randn_like(fused[1])]
+    g_fused = torch.autograd.grad(fused, leaves, seed)
+    g_ref = torch.autograd.grad(ref, ref_leaves, [s.double() for s in seed])
+    for a, b in zip(g_fused, g_ref):
+        scale = b.abs().max()
+        assert (a.double() - b).abs().max() <= 2e-3 * scale, \
+            f'{(a.double() - b).abs().max()} vs {scale}'

@@ -5,6 +5,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from .utils import state_dtype
+
 
 def eca_kernel_size(channels: int) -> int:
     """Kernel size of the ECA Conv1d for ``channels`` (spec section 2).
@@ -23,8 +25,13 @@ def build_eca_conv(channels: int) -> nn.Conv1d:
 
 
 def eca_project(conv: nn.Conv1d, pooled: Tensor, num_heads: int) -> Tensor:
-    """Apply ``conv`` to pooled features (B, C) in float32 -> (B, G, C // G)."""
+    """Apply ``conv`` to pooled features (B, C) -> (B, G, C // G).
+
+    Computed in float32 (float64 for float64 input), whatever the autocast
+    state.
+    """
     b, c = pooled.shape
-    out = F.conv1d(pooled.float().view(b, 1, c), conv.weight.float(),
+    dtype = state_dtype(pooled)
+    out = F.conv1d(pooled.to(dtype).view(b, 1, c), conv.weight.to(dtype),
                    padding=conv.padding)
     return out.view(b, num_heads, c // num_heads)

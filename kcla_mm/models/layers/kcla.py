@@ -21,7 +21,7 @@ from kcla_mm.ops.kcla_state import IMPLS
 from .eca import build_eca_conv, eca_project
 from .state import KCLAState
 from .utils import (check_feature, check_head_dim, check_probability,
-                    log_uniform_temperatures, spatial_check)
+                    log_uniform_temperatures, spatial_check, state_dtype)
 
 # exp(min(|K| * s, MAX_LOG_WEIGHT)): the authors' clamp of the layer weights.
 MAX_LOG_WEIGHT = 10.0
@@ -93,7 +93,7 @@ class KCLAStateAdapter(BaseModule):
         a = state.aggregate()  # U / Z, no eps (authors' Algorithm 1)
         if self.conv is not None:
             a = self.conv(a.to(self.conv.weight.dtype))
-        a = getattr(self, self.norm_name)(a).float()
+        a = getattr(self, self.norm_name)(a).to(state.u.dtype)
         key = eca_project(self.k_conv, a.mean((2, 3)), num_heads)
         return a, key
 
@@ -278,25 +278,27 @@ class KCLALayer(BaseModule):
         b, c, h, w = x.shape
         g = self.num_heads
         with torch.autocast(device_type=x.device.type, enabled=False):
-            pooled = x.float().mean((2, 3))
+            dtype = state_dtype(x)
+            pooled = x.to(dtype).mean((2, 3))
             query = eca_project(self.q_conv, pooled, g)
             key = eca_project(self.k_conv, pooled, g)
             weight = layer_weights(key, self.norm_d)
             relevance = (query * key).sum(-1) / key.norm(dim=-1).clamp_min(
                 self.key_eps)
             gate = torch.sigmoid(
-                F.linear(relevance, self.gate.weight.float()))
+                F.linear(relevance, self.gate.weight.to(dtype)))
             u, z = self._initial_state(x, state)
             z = weight if z is None else z + weight
             if self._use_fused_branch(x):
-                out, u = self._fused_branch(x.float().contiguous(), u, weight,
-                                            z, gate)
+                out, u = self._fused_branch(x.to(dtype).contiguous(), u,
+                                            weight, z, gate)
                 return out.to(x.dtype), KCLAState(u, z)
             u, agg = kcla_state_update(
-                x.float(), weight, z, u, eps=self.eps, impl=self.impl)
+                x.to(dtype), weight, z, u, eps=self.eps, impl=self.impl)
         out = self.v_conv(agg.to(x.dtype))
         # gate in float32: its gradient sums over d * H * W products, which
         # overflows float16 (and sigmoid'(saturated) * inf = NaN)
-        out = out.view(b, g, c // g, h, w).float() * gate.view(b, g, 1, 1, 1)
+        out = out.view(b, g, c // g, h, w).to(dtype) * gate.view(
+            b, g, 1, 1, 1)
         y = self.drop_path(F.relu(self.norm(out.view(b, c, h, w).to(x.dtype))))
         return x + y, KCLAState(u, z)

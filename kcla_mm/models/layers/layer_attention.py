@@ -17,7 +17,8 @@ from torch import Tensor
 
 from .eca import build_eca_conv, eca_project
 from .state import LayerAttentionCache
-from .utils import check_feature, check_head_dim, check_probability
+from .utils import (check_feature, check_head_dim, check_probability,
+                    state_dtype)
 
 
 def softmax_layer_attention(query: Tensor, keys: Tensor, values: Tensor,
@@ -96,7 +97,7 @@ class LayerAttention(BaseModule):
         """X (B, C, H, W) -> (X + Y, the cache extended by this layer)."""
         check_feature(x, self.channels, type(self).__name__)
         g = self.num_heads
-        pooled = x.float().mean((2, 3))
+        pooled = x.to(state_dtype(x)).mean((2, 3))
         query = eca_project(self.q_conv, pooled, g)
         key = eca_project(self.k_conv, pooled, g)
         value = self.v_conv(x)
@@ -111,7 +112,7 @@ class LayerAttention(BaseModule):
                                     cache.values + [value])
         out = softmax_layer_attention(
             query, torch.stack(cache.keys, 1),
-            torch.stack(cache.values, 1).float(), self.scale)
+            torch.stack(cache.values, 1).to(query.dtype), self.scale)
         y = self.drop_path(
             F.relu(getattr(self, self.norm_name)(out.to(x.dtype))))
         return x + y, cache

@@ -16,7 +16,8 @@ from mmengine.model import BaseModule
 from torch import Tensor
 
 from .eca import build_eca_conv, eca_project
-from .utils import check_feature, check_head_dim, check_probability
+from .utils import (check_feature, check_head_dim, check_probability,
+                    state_dtype)
 
 
 class MRLALight(BaseModule):
@@ -78,13 +79,13 @@ class MRLALight(BaseModule):
                 f'{None if identity is None else tuple(identity.shape)}')
         b, c, h, w = x.shape
         g = self.num_heads
-        pooled = x.float().mean((2, 3))
+        pooled = x.to(state_dtype(x)).mean((2, 3))
         query = eca_project(self.q_conv, pooled, g)
         key = eca_project(self.k_conv, pooled, g)
         gate = torch.sigmoid((query * key).sum(-1) * self.scale)  # (B, G)
         value = self.v_conv(x).view(b, g, c // g, h, w)
         # gate in float32, as in KCLALayer (float16 gradient overflow)
-        out = (value.float() * gate.view(b, g, 1, 1, 1)).view(
+        out = (value.to(gate.dtype) * gate.view(b, g, 1, 1, 1)).view(
             b, c, h, w) + self.lambda_t * identity
         y = self.drop_path(getattr(self, self.norm_name)(out.to(x.dtype)))
         return x + y, None

@@ -5,6 +5,11 @@ import torch
 from torch import Tensor
 
 
+def state_dtype(x: Tensor) -> torch.dtype:
+    """float64 for float64 inputs, else float32 (also under autocast)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
 def check_feature(x: Tensor, channels: int, owner: str) -> None:
     """Raise TypeError/ValueError unless ``x`` is a float (B, channels, H, W)."""
     if not isinstance(x, Tensor):

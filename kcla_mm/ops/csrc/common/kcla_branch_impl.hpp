@@ -31,22 +31,25 @@ void kcla_branch_recompute_impl(const at::Tensor u_next, const at::Tensor z,
 
 // Backward of out = x + keep * ReLU(scale * o + shift) with scale, shift
 // held constant: g_n = grad_out * keep * [scale * o + shift > 0],
-// grad_o = scale * g_n; sum_grad[c] = sum g_n, sum_grad_o[c] = sum g_n * o.
+// grad_o = scale * g_n; sum_grad[c] = sum g_n and
+// sum_grad_centered[c] = sum g_n * (o - mean[c]) (centred: no cancellation
+// when |mean| >> std).
 void kcla_bn_relu_add_backward_impl(const at::Tensor grad_out,
                                     const at::Tensor o, const at::Tensor scale,
                                     const at::Tensor shift,
-                                    const at::Tensor keep, at::Tensor grad_o,
+                                    const at::Tensor keep,
+                                    const at::Tensor mean, at::Tensor grad_o,
                                     at::Tensor sum_grad,
-                                    at::Tensor sum_grad_o);
+                                    at::Tensor sum_grad_centered);
 
 // Gradients of kcla_branch_forward. The gradient reaching o is
-// grad_o + alpha[c] + beta[c] * o (the affine term carries BN's batch
-// statistics in training; zeros in eval). grad_x also receives
+// grad_o + alpha[c] + beta[c] * (o - mean[c]) (the affine term carries BN's
+// batch statistics in training; zeros in eval). grad_x also receives
 // grad_residual (the gradient reaching x directly); grad_u is undefined
 // when u was.
 void kcla_branch_backward_impl(
     const at::Tensor grad_o, const at::Tensor alpha, const at::Tensor beta,
-    const at::Tensor grad_u_next, const at::Tensor grad_residual,
+    const at::Tensor mean, const at::Tensor grad_u_next, const at::Tensor grad_residual,
     const at::Tensor x, const at::Tensor u_next, const at::Tensor w,
     const at::Tensor z, const at::Tensor gate, const at::Tensor weight,
     at::Tensor grad_x, at::Tensor grad_u, at::Tensor grad_w, at::Tensor grad_z,
@@ -74,11 +77,12 @@ void kcla_bn_relu_add_forward(const at::Tensor o, const at::Tensor x,
                               const at::Tensor keep, at::Tensor out);
 void kcla_bn_relu_add_backward(const at::Tensor grad_out, const at::Tensor o,
                                const at::Tensor scale, const at::Tensor shift,
-                               const at::Tensor keep, at::Tensor grad_o,
-                               at::Tensor sum_grad, at::Tensor sum_grad_o);
+                               const at::Tensor keep, const at::Tensor mean,
+                               at::Tensor grad_o, at::Tensor sum_grad,
+                               at::Tensor sum_grad_centered);
 void kcla_branch_backward(
     const at::Tensor grad_o, const at::Tensor alpha, const at::Tensor beta,
-    const at::Tensor grad_u_next, const at::Tensor grad_residual,
+    const at::Tensor mean, const at::Tensor grad_u_next, const at::Tensor grad_residual,
     const at::Tensor x, const at::Tensor u_next, const at::Tensor w,
     const at::Tensor z, const at::Tensor gate, const at::Tensor weight,
     at::Tensor grad_x, const c10::optional<at::Tensor> grad_u,

@@ -29,21 +29,23 @@ void kcla_bn_relu_add_forward_impl(const at::Tensor o, const at::Tensor x,
 void kcla_bn_relu_add_backward_impl(const at::Tensor grad_out,
                                     const at::Tensor o, const at::Tensor scale,
                                     const at::Tensor shift,
-                                    const at::Tensor keep, at::Tensor grad_o,
+                                    const at::Tensor keep,
+                                    const at::Tensor mean, at::Tensor grad_o,
                                     at::Tensor sum_grad,
-                                    at::Tensor sum_grad_o) {
+                                    at::Tensor sum_grad_centered) {
   DISPATCH_DEVICE_IMPL(kcla_bn_relu_add_backward_impl, grad_out, o, scale,
-                       shift, keep, grad_o, sum_grad, sum_grad_o);
+                       shift, keep, mean, grad_o, sum_grad, sum_grad_centered);
 }
 
 void kcla_branch_backward_impl(
     const at::Tensor grad_o, const at::Tensor alpha, const at::Tensor beta,
-    const at::Tensor grad_u_next, const at::Tensor grad_residual,
-    const at::Tensor x, const at::Tensor u_next, const at::Tensor w,
-    const at::Tensor z, const at::Tensor gate, const at::Tensor weight,
-    at::Tensor grad_x, at::Tensor grad_u, at::Tensor grad_w, at::Tensor grad_z,
+    const at::Tensor mean, const at::Tensor grad_u_next,
+    const at::Tensor grad_residual, const at::Tensor x,
+    const at::Tensor u_next, const at::Tensor w, const at::Tensor z,
+    const at::Tensor gate, const at::Tensor weight, at::Tensor grad_x,
+    at::Tensor grad_u, at::Tensor grad_w, at::Tensor grad_z,
     at::Tensor grad_gate, at::Tensor grad_weight, double eps) {
-  DISPATCH_DEVICE_IMPL(kcla_branch_backward_impl, grad_o, alpha, beta,
+  DISPATCH_DEVICE_IMPL(kcla_branch_backward_impl, grad_o, alpha, beta, mean,
                        grad_u_next, grad_residual, x, u_next, w, z, gate,
                        weight, grad_x, grad_u, grad_w, grad_z, grad_gate,
                        grad_weight, eps);
@@ -170,23 +172,25 @@ void kcla_bn_relu_add_forward(const at::Tensor o, const at::Tensor x,
 
 void kcla_bn_relu_add_backward(const at::Tensor grad_out, const at::Tensor o,
                                const at::Tensor scale, const at::Tensor shift,
-                               const at::Tensor keep, at::Tensor grad_o,
-                               at::Tensor sum_grad, at::Tensor sum_grad_o) {
+                               const at::Tensor keep, const at::Tensor mean,
+                               at::Tensor grad_o, at::Tensor sum_grad,
+                               at::Tensor sum_grad_centered) {
   BranchChecker ck("kcla_bn_relu_add_backward", o);
   ck.map(grad_out, "grad_out");
   ck.channels(scale, "scale");
   ck.channels(shift, "shift");
   ck.batch(keep, "keep");
+  ck.channels(mean, "mean");
   ck.map(grad_o, "grad_o");
   ck.channels(sum_grad, "sum_grad");
-  ck.channels(sum_grad_o, "sum_grad_o");
-  kcla_bn_relu_add_backward_impl(grad_out, o, scale, shift, keep, grad_o,
-                                 sum_grad, sum_grad_o);
+  ck.channels(sum_grad_centered, "sum_grad_centered");
+  kcla_bn_relu_add_backward_impl(grad_out, o, scale, shift, keep, mean,
+                                 grad_o, sum_grad, sum_grad_centered);
 }
 
 void kcla_branch_backward(
     const at::Tensor grad_o, const at::Tensor alpha, const at::Tensor beta,
-    const at::Tensor grad_u_next, const at::Tensor grad_residual,
+    const at::Tensor mean, const at::Tensor grad_u_next, const at::Tensor grad_residual,
     const at::Tensor x, const at::Tensor u_next, const at::Tensor w,
     const at::Tensor z, const at::Tensor gate, const at::Tensor weight,
     at::Tensor grad_x, const c10::optional<at::Tensor> grad_u,
@@ -196,6 +200,7 @@ void kcla_branch_backward(
   ck.map(grad_o, "grad_o");
   ck.channels(alpha, "alpha");
   ck.channels(beta, "beta");
+  ck.channels(mean, "mean");
   ck.map(grad_u_next, "grad_u_next");
   ck.map(grad_residual, "grad_residual");
   ck.map(u_next, "u_next");
@@ -209,7 +214,8 @@ void kcla_branch_backward(
   ck.heads(grad_z, "grad_z");
   ck.heads(grad_gate, "grad_gate");
   ck.kernel(grad_weight, "grad_weight");
-  kcla_branch_backward_impl(grad_o, alpha, beta, grad_u_next, grad_residual,
+  kcla_branch_backward_impl(grad_o, alpha, beta, mean, grad_u_next,
+                            grad_residual,
                             x, u_next, w, z, gate, weight, grad_x, grad_u_t,
                             grad_w, grad_z, grad_gate, grad_weight, eps);
 }

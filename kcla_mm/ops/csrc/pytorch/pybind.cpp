@@ -66,11 +66,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("kcla_bn_relu_add_backward", &kcla_bn_relu_add_backward,
         "gradient of kcla_bn_relu_add_forward w.r.t. o, with channel sums",
         py::arg("grad_out"), py::arg("o"), py::arg("scale"), py::arg("shift"),
-        py::arg("keep"), py::arg("grad_o"), py::arg("sum_grad"),
-        py::arg("sum_grad_o"));
+        py::arg("keep"), py::arg("mean"), py::arg("grad_o"),
+        py::arg("sum_grad"), py::arg("sum_grad_centered"));
   m.def("kcla_branch_backward", &kcla_branch_backward,
         "gradients of kcla_branch_forward", py::arg("grad_o"),
-        py::arg("alpha"), py::arg("beta"), py::arg("grad_u_next"),
+        py::arg("alpha"), py::arg("beta"), py::arg("mean"),
+        py::arg("grad_u_next"),
         py::arg("grad_residual"), py::arg("x"), py::arg("u_next"),
         py::arg("w"), py::arg("z"), py::arg("gate"), py::arg("weight"),
         py::arg("grad_x"), py::arg("grad_u"), py::arg("grad_w"),

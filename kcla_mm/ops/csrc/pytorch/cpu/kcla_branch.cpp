@@ -29,9 +29,8 @@ const T* maybe_ptr(const at::Tensor& t) {
 
 // u_next = u + w x, and u_next / (z + eps) into the padded plane.
 template <typename T>
-inline void update_plane(const T* __restrict__ x, const T* __restrict__ u,
-                         T* __restrict__ u_next, PaddedPlane<T>& agg, T wv,
-                         T inv) {
+inline void update_plane(const T* __restrict__ x, const T* u, T* u_next,
+                         PaddedPlane<T>& agg, T wv, T inv) {  // u may alias
   for (int64_t i = 0; i < agg.H; ++i) {
     T* __restrict__ row = agg.row(i);
     const int64_t off = i * agg.W;
@@ -126,19 +125,20 @@ template <typename T>
 void bn_relu_add_backward_kernel(const at::Tensor& grad_out,
                                  const at::Tensor& o, const at::Tensor& scale,
                                  const at::Tensor& shift,
-                                 const at::Tensor& keep, at::Tensor& grad_o,
-                                 at::Tensor& sum_grad, at::Tensor& sum_grad_o) {
+                                 const at::Tensor& keep, const at::Tensor& mean,
+                                 at::Tensor& grad_o, at::Tensor& sum_grad,
+                                 at::Tensor& sum_grad_c) {
   using acc_t = at::opmath_type<T>;
   const int64_t B = o.size(0), C = o.size(1), HW = o.size(2) * o.size(3);
   const T *pgo = grad_out.data_ptr<T>(), *po = o.data_ptr<T>();
   const T *ps = scale.data_ptr<T>(), *pb = shift.data_ptr<T>();
-  const T* pk = keep.data_ptr<T>();
+  const T *pk = keep.data_ptr<T>(), *pm = mean.data_ptr<T>();
   T *pgrad = grad_o.data_ptr<T>(), *psg = sum_grad.data_ptr<T>();
-  T* psgo = sum_grad_o.data_ptr<T>();
+  T* psgc = sum_grad_c.data_ptr<T>();
   at::parallel_for(0, C, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
-      const T sc = ps[c], sh = pb[c];
-      acc_t sg = 0, sgo = 0;
+      const T sc = ps[c], sh = pb[c], mu = pm[c];
+      acc_t sg = 0, sgc = 0;
       for (int64_t b = 0; b < B; ++b) {
         const T kp = pk[b];
         const int64_t off = (b * C + c) * HW;
@@ -147,18 +147,19 @@ void bn_relu_add_backward_kernel(const at::Tensor& grad_out,
           const T gn = pgo[i] * kp * active;
           pgrad[i] = gn * sc;
           sg += gn;
-          sgo += acc_t(gn) * acc_t(po[i]);
+          sgc += acc_t(gn) * acc_t(po[i] - mu);
         }
       }
       psg[c] = T(sg);
-      psgo[c] = T(sgo);
+      psgc[c] = T(sgc);
     }
   });
 }
 
 template <typename T>
 void backward_kernel(const at::Tensor& grad_o, const at::Tensor& alpha,
-                     const at::Tensor& beta, const at::Tensor& grad_u_next,
+                     const at::Tensor& beta, const at::Tensor& mean,
+                     const at::Tensor& grad_u_next,
                      const at::Tensor& grad_residual, const at::Tensor& x,
                      const at::Tensor& u_next, const at::Tensor& w,
                      const at::Tensor& z, const at::Tensor& gate,
@@ -174,6 +175,7 @@ void backward_kernel(const at::Tensor& grad_o, const at::Tensor& alpha,
   std::vector<acc_t> part_k(planes * 9, acc_t(0));
   const T *pgo = grad_o.data_ptr<T>(), *pal = alpha.data_ptr<T>();
   const T *pbe = beta.data_ptr<T>(), *pgun = grad_u_next.data_ptr<T>();
+  const T* pmean = mean.data_ptr<T>();
   const T *pgr = grad_residual.data_ptr<T>(), *px = x.data_ptr<T>();
   const T *pun = u_next.data_ptr<T>(), *pw = w.data_ptr<T>();
   const T *pz = z.data_ptr<T>(), *pg = gate.data_ptr<T>();
@@ -197,14 +199,14 @@ void backward_kernel(const at::Tensor& grad_o, const at::Tensor& alpha,
       }
       conv3x3_padded<T>(agg, k9);  // agg.out: DWConv(agg), H x Wp
       acc_t sum_gate = 0;
-      const T al = pal[c], be = pbe[c];
+      const T al = pal[c], be = pbe[c], mu = pmean[c];
       for (int64_t i = 0; i < dm.H; ++i) {
         const T* __restrict__ cv = agg.out.data() + i * agg.Wp;
         const T* __restrict__ gin = pgo + off + i * dm.W;
         T* __restrict__ grow = g_conv.row(i);
         T* __restrict__ gflat = g_flat.data() + i * agg.Wp;
         for (int64_t j = 0; j < dm.W; ++j) {
-          const T go = gin[j] + al + be * gt * cv[j];
+          const T go = gin[j] + al + be * (gt * cv[j] - mu);
           sum_gate += acc_t(go) * acc_t(cv[j]);
           grow[j] = go * gt;
           gflat[j] = go * gt;
@@ -319,25 +321,26 @@ void kcla_bn_relu_add_forward_cpu(const at::Tensor o, const at::Tensor x,
 void kcla_bn_relu_add_backward_cpu(const at::Tensor grad_out,
                                    const at::Tensor o, const at::Tensor scale,
                                    const at::Tensor shift,
-                                   const at::Tensor keep, at::Tensor grad_o,
+                                   const at::Tensor keep,
+                                   const at::Tensor mean, at::Tensor grad_o,
                                    at::Tensor sum_grad,
-                                   at::Tensor sum_grad_o) {
+                                   at::Tensor sum_grad_centered) {
   KCLA_DISPATCH_CPU(o.scalar_type(), "kcla_bn_relu_add_backward_cpu",
                     bn_relu_add_backward_kernel<scalar_t>(
-                        grad_out, o, scale, shift, keep, grad_o, sum_grad,
-                        sum_grad_o));
+                        grad_out, o, scale, shift, keep, mean, grad_o,
+                        sum_grad, sum_grad_centered));
 }
 
 void kcla_branch_backward_cpu(
     const at::Tensor grad_o, const at::Tensor alpha, const at::Tensor beta,
-    const at::Tensor grad_u_next, const at::Tensor grad_residual,
+    const at::Tensor mean, const at::Tensor grad_u_next, const at::Tensor grad_residual,
     const at::Tensor x, const at::Tensor u_next, const at::Tensor w,
     const at::Tensor z, const at::Tensor gate, const at::Tensor weight,
     at::Tensor grad_x, at::Tensor grad_u, at::Tensor grad_w, at::Tensor grad_z,
     at::Tensor grad_gate, at::Tensor grad_weight, double eps) {
   KCLA_DISPATCH_CPU(x.scalar_type(), "kcla_branch_backward_cpu",
                     backward_kernel<scalar_t>(
-                        grad_o, alpha, beta, grad_u_next, grad_residual, x,
+                        grad_o, alpha, beta, mean, grad_u_next, grad_residual, x,
                         u_next, w, z, gate, weight, grad_x, grad_u, grad_w,
                         grad_z, grad_gate, grad_weight, eps));
 }
