@@ -39,7 +39,10 @@ cd "$ROOT"
 FORCE_CUDA=1 "$VENV/bin/python" setup.py --quiet build_ext \
     --build-lib "$OUT/lib" --build-temp "$OUT/tmp"
 SO="$(ls "$OUT"/lib/kcla_mm/_ext*.so)"
-# the library must define the CUDA launchers and link against libcudart
-nm -C --defined-only "$SO" | grep -q "kcla_state_forward_cuda(" \
-    || { echo "[cuda-check] error: $SO has no CUDA launchers" >&2; exit 1; }
+# the library must define the CUDA launchers (grep reads all of nm's output:
+# `grep -q` would stop early and fail the pipeline with SIGPIPE)
+if ! nm -C --defined-only "$SO" | grep "kcla_state_forward_cuda(" >/dev/null; then
+    echo "[cuda-check] error: $SO has no CUDA launchers" >&2
+    exit 1
+fi
 echo "[cuda-check] ok: $SO"
