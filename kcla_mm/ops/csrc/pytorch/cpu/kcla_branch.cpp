@@ -23,7 +23,7 @@ struct Dims {
 };
 
 template <typename T>
-const T* maybe_ptr(const at::Tensor& t) {
+T* maybe_ptr(const at::Tensor& t) {  // nullptr for an undefined tensor
   return t.defined() ? t.data_ptr<T>() : nullptr;
 }
 
@@ -40,6 +40,17 @@ inline void update_plane(const T* __restrict__ x, const T* u, T* u_next,
       u_next[off + j] = s;
       row[j] = s * inv;
     }
+  }
+}
+
+// The plane u_next / (z + eps) into the padded buffer.
+template <typename T>
+inline void load_scaled_plane(const T* __restrict__ src, PaddedPlane<T>& dst,
+                              T scale) {
+  for (int64_t i = 0; i < dst.H; ++i) {
+    T* __restrict__ row = dst.row(i);
+    const T* __restrict__ src_row = src + i * dst.W;
+    for (int64_t j = 0; j < dst.W; ++j) row[j] = src_row[j] * scale;
   }
 }
 
@@ -89,11 +100,7 @@ void recompute_kernel(const at::Tensor& u_next, const at::Tensor& z,
     for (int64_t p = begin; p < end; ++p) {
       const int64_t n = dm.head(p), off = p * dm.HW;
       const T inv = T(1) / (pz[n] + T(eps));
-      for (int64_t i = 0; i < dm.H; ++i) {
-        T* __restrict__ row = agg.row(i);
-        const T* __restrict__ src = pun + off + i * dm.W;
-        for (int64_t j = 0; j < dm.W; ++j) row[j] = src[j] * inv;
-      }
+      load_scaled_plane<T>(pun + off, agg, inv);
       conv3x3_padded<T>(agg, pk + (p % dm.C) * 9);
       store_plane<T>(agg, po + off, pg[n]);
     }
@@ -180,9 +187,7 @@ void backward_kernel(const at::Tensor& grad_o, const at::Tensor& alpha,
   const T *pun = u_next.data_ptr<T>(), *pw = w.data_ptr<T>();
   const T *pz = z.data_ptr<T>(), *pg = gate.data_ptr<T>();
   const T* pk = weight.data_ptr<T>();
-  T *pgx = grad_x.data_ptr<T>(), *pgu = grad_u.defined()
-                                            ? grad_u.data_ptr<T>()
-                                            : nullptr;
+  T *pgx = grad_x.data_ptr<T>(), *pgu = maybe_ptr<T>(grad_u);
   at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
     PaddedPlane<T> agg(dm.H, dm.W), g_conv(dm.H, dm.W);
     std::vector<T> g_flat(dm.H * agg.Wp, T(0));  // g_conv, H x Wp layout
@@ -192,11 +197,7 @@ void backward_kernel(const at::Tensor& grad_o, const at::Tensor& alpha,
       const T wv = pw[n], gt = pg[n];
       const T inv = T(1) / (pz[n] + T(eps));
       const T* k9 = pk + c * 9;
-      for (int64_t i = 0; i < dm.H; ++i) {
-        T* __restrict__ row = agg.row(i);
-        const T* __restrict__ src = pun + off + i * dm.W;
-        for (int64_t j = 0; j < dm.W; ++j) row[j] = src[j] * inv;
-      }
+      load_scaled_plane<T>(pun + off, agg, inv);
       conv3x3_padded<T>(agg, k9);  // agg.out: DWConv(agg), H x Wp
       acc_t sum_gate = 0;
       const T al = pal[c], be = pbe[c], mu = pmean[c];
