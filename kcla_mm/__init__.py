@@ -1,8 +1,9 @@
 """kcla_mm: Key-Correlated Layer Attention for OpenMMLab (mmdet / mmseg)."""
-from .utils import register_checkpoint_safe_globals
+from .utils import enable_cpu_distributed, register_checkpoint_safe_globals
 from .version import __version__, version_info
 
 register_checkpoint_safe_globals()
+enable_cpu_distributed()
 
 from . import ops  # noqa: E402
 from .models import ResNetKCLA  # noqa: E402

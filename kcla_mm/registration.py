@@ -1,7 +1,8 @@
 """Registers kcla_mm's modules in the OpenMMLab registries.
 
 The only module that touches mmdet's and mmseg's registries; each library
-is optional, so kcla_mm works next to either alone.
+is optional, so kcla_mm works next to either alone (the necks, built on
+mmdet's FPN, are imported only when mmdet is).
 """
 from typing import Iterable, List
 
@@ -26,7 +27,8 @@ def register_all_modules() -> List[str]:
     except ImportError:
         pass
     else:
-        _register(MMDET_MODELS, BACKBONES)
+        from .models.necks import KCLAFPN
+        _register(MMDET_MODELS, BACKBONES + (KCLAFPN, ))
         registered.append('mmdet')
     try:
         from mmseg.registry import MODELS as MMSEG_MODELS

@@ -1,3 +1,3 @@
-from .compat import register_checkpoint_safe_globals
+from .compat import enable_cpu_distributed, register_checkpoint_safe_globals
 
-__all__ = ['register_checkpoint_safe_globals']
+__all__ = ['enable_cpu_distributed', 'register_checkpoint_safe_globals']

@@ -1,11 +1,16 @@
 """Compatibility shims, all in one place.
 
-torch >= 2.6 loads checkpoints with ``weights_only=True`` by default, but a
-checkpoint written by mmengine 0.10.7's runner holds the message hub's
-:class:`~mmengine.logging.HistoryBuffer` objects and numpy arrays/scalars,
-so ``runner.resume()`` fails with an ``UnpicklingError``. The fix declares
-exactly those types as safe globals; nothing else is unpickled.
+1. torch >= 2.6 loads checkpoints with ``weights_only=True`` by default, but
+   a checkpoint written by mmengine 0.10.7's runner holds the message hub's
+   :class:`~mmengine.logging.HistoryBuffer` objects and numpy arrays/scalars,
+   so ``runner.resume()`` fails with an ``UnpicklingError``. The fix declares
+   exactly those types as safe globals; nothing else is unpickled.
+2. mmengine 0.10.7's ``pytorch`` launcher calls ``torch.cuda.set_device``
+   unconditionally, so ``torchrun ... --launcher pytorch`` fails on a machine
+   without a GPU. On such machines the launcher is made to skip it and to
+   use gloo (NCCL needs GPUs); with a GPU nothing changes.
 """
+import warnings
 from typing import List
 
 import numpy as np
@@ -46,3 +51,41 @@ def register_checkpoint_safe_globals() -> None:
         # anything outside the allow-list, so getattr only reads attributes.
         safe += [HistoryBuffer, getattr]
     add_safe_globals(safe)
+
+
+def enable_cpu_distributed() -> None:
+    """Let mmengine's ``pytorch`` launcher start on machines without a GPU.
+
+    Idempotent; a no-op without mmengine. DDP on CPU also needs
+    ``model_wrapper_cfg.device_ids=None`` (``tools/dist_train.sh`` sets it).
+    """
+    try:
+        from mmengine.dist import utils as dist_utils
+    except ImportError:
+        return
+    original = dist_utils._init_dist_pytorch
+    if getattr(original, 'kcla_cpu_shim', False):
+        return
+
+    def init_dist_pytorch(backend: str = 'nccl',
+                          init_backend: str = 'torch',
+                          **kwargs) -> None:
+        if torch.cuda.is_available() or init_backend != 'torch' \
+                or not _only_cpu(dist_utils):
+            return original(backend, init_backend, **kwargs)
+        if backend == 'nccl':
+            warnings.warn('kcla_mm: no GPU on this machine; distributed '
+                          'training uses the gloo backend instead of nccl')
+            backend = 'gloo'
+        torch.distributed.init_process_group(backend=backend, **kwargs)
+
+    init_dist_pytorch.kcla_cpu_shim = True
+    dist_utils._init_dist_pytorch = init_dist_pytorch
+
+
+def _only_cpu(dist_utils) -> bool:
+    """No CUDA, MLU, NPU or MUSA device (mmengine's launcher's branches)."""
+    return not any(
+        getattr(dist_utils, name, lambda: False)()
+        for name in ('is_mlu_available', 'is_npu_available',
+                     'is_musa_available'))

@@ -19,6 +19,8 @@ def test_expected_configs_are_shipped():
         'faster-rcnn_r101-kcla_fpn_1x_coco.py',
         'mask-rcnn_r50-kcla_fpn_1x_coco.py',
         'mask-rcnn_r101-kcla_fpn_1x_coco.py',
+        'faster-rcnn_r50-kcla_kcla-fpn_1x_coco.py',
+        'mask-rcnn_r50-kcla_kcla-fpn_1x_coco.py',
     } <= names
 
 
@@ -41,6 +43,8 @@ def test_config_builds_detector(path):
     cfg.model.backbone.init_cfg = None  # no download in tests
     model = MODELS.build(cfg.model)
     assert type(model.backbone).__name__ == 'ResNetKCLA'
+    neck = 'KCLAFPN' if 'kcla-fpn' in osp.basename(path) else 'FPN'
+    assert type(model.neck).__name__ == neck
     model.eval()
     with torch.no_grad():
         feats = model.extract_feat(torch.rand(1, 3, 64, 64))

@@ -37,7 +37,9 @@ class KCLAStateAdapter(BaseModule):
     """Cross-stage adaptation of a carried state (spec section 3, Algorithm 1).
 
     A' = BN(Conv1x1(U / Z)) (the conv only when width or resolution
-    changes), and the key k_u = Conv1d_u(GAP(A')) that weighs it.
+    changes), and the key k_u = Conv1d_u(GAP(A')) that weighs it. With
+    ``resize=True`` (pyramid levels, :class:`KCLAFPN`) A' is instead resized
+    bilinearly to the layer's resolution, and the conv only changes width.
 
     Args:
         in_channels (int): C' of the incoming state.
@@ -45,6 +47,8 @@ class KCLAStateAdapter(BaseModule):
         num_heads (int): G of the layer; the 1x1 conv's groups.
         stride (int): the stage's real spatial stride (1 for dilated stages).
         norm_cfg (dict): norm layer config. Defaults to ``dict(type='BN')``.
+        resize (bool): bridge resolutions by resizing, not by a strided
+            conv. Defaults to False.
         init_cfg (dict or list[dict], optional): initialisation config.
     """
 
@@ -54,8 +58,13 @@ class KCLAStateAdapter(BaseModule):
                  num_heads: int,
                  stride: int = 1,
                  norm_cfg: dict = dict(type='BN'),
+                 resize: bool = False,
                  init_cfg=None) -> None:
         super().__init__(init_cfg)
+        if resize and stride != 1:
+            raise ValueError('KCLAStateAdapter: resize=True bridges '
+                             f'resolutions itself; stride must be 1, got '
+                             f'{stride}')
         if in_channels % num_heads != 0:
             raise ValueError(
                 f'KCLAStateAdapter: the incoming state has {in_channels} '
@@ -65,6 +74,7 @@ class KCLAStateAdapter(BaseModule):
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.stride = stride
+        self.resize = resize
         if in_channels != out_channels or stride != 1:
             self.conv = nn.Conv2d(
                 in_channels,
@@ -79,8 +89,9 @@ class KCLAStateAdapter(BaseModule):
         self.add_module(self.norm_name, norm)
         self.k_conv = build_eca_conv(out_channels)
 
-    def forward(self, state: KCLAState, num_heads: int) -> Tuple[Tensor, Tensor]:
-        """Adapt ``state`` (B, C', H', W') to (B, C, H, W).
+    def forward(self, state: KCLAState, num_heads: int,
+                size: Tuple[int, int]) -> Tuple[Tensor, Tensor]:
+        """Adapt ``state`` (B, C', H', W') to (B, C, H, W), (H, W) = ``size``.
 
         Returns:
             tuple[Tensor, Tensor]: A' (B, C, H, W) float32 and its key
@@ -91,6 +102,9 @@ class KCLAStateAdapter(BaseModule):
                              f'{state.u.shape[1]} channels, expected '
                              f'in_channels={self.in_channels}')
         a = state.aggregate()  # U / Z, no eps (authors' Algorithm 1)
+        if self.resize and tuple(a.shape[2:]) != tuple(size):
+            a = F.interpolate(a, size=size, mode='bilinear',
+                              align_corners=False)
         if self.conv is not None:
             a = self.conv(a.to(self.conv.weight.dtype))
         a = getattr(self, self.norm_name)(a).to(state.u.dtype)
@@ -127,6 +141,8 @@ class KCLALayer(BaseModule):
             None (continue the incoming state, or start one).
         state_stride (int): spatial stride from the incoming state to X,
             for the adapter. Defaults to 1.
+        state_resize (bool): the adapter resizes the incoming state to X's
+            resolution instead (pyramid levels). Defaults to False.
         norm_cfg (dict): norm config of the Y branch and the adapter.
             Defaults to ``dict(type='BN')``.
         eps (float): added to Z before dividing. Defaults to 1e-3.
@@ -153,6 +169,7 @@ class KCLALayer(BaseModule):
                  drop_path: float = 0.2,
                  state_in_channels: Optional[int] = None,
                  state_stride: int = 1,
+                 state_resize: bool = False,
                  norm_cfg: dict = dict(type='BN'),
                  eps: float = 1e-3,
                  key_eps: float = 1e-6,
@@ -197,7 +214,7 @@ class KCLALayer(BaseModule):
         if state_in_channels is not None:
             self.adapter = KCLAStateAdapter(state_in_channels, channels,
                                             self.num_heads, state_stride,
-                                            norm_cfg)
+                                            norm_cfg, state_resize)
 
     @property
     def norm(self) -> nn.Module:
@@ -217,7 +234,7 @@ class KCLALayer(BaseModule):
                     f'{owner}: this init layer adapts an incoming state '
                     f'(state_in_channels={self.adapter.in_channels}) but '
                     'got none')
-            a, key = self.adapter(state, self.num_heads)
+            a, key = self.adapter(state, self.num_heads, x.shape[2:])
             spatial_check(a.shape[2:], x.shape[2:], owner,
                           'check the stage stride (state_stride)')
             z = layer_weights(key, self.norm_d)

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Distributed training: torchrun + mmengine's `pytorch` launcher, running
+# mmdet's own tools/train.py (mmseg's for configs under configs/segmentation/).
+#
+#   tools/dist_train.sh CONFIG NPROC [train.py options, e.g. --work-dir DIR]
+#
+# Environment: PYTHON (default: python), NNODES, NODE_RANK, MASTER_ADDR, PORT.
+# Without a GPU the processes train on CPU: gloo backend and DDP without
+# device_ids (kcla_mm's compat shim lets mmengine's launcher start).
+set -euo pipefail
+
+if [ $# -lt 2 ]; then
+  echo "usage: $0 CONFIG NPROC [train.py options]" >&2
+  exit 2
+fi
+CONFIG=$1
+NPROC=$2
+shift 2
+if [ ! -f "$CONFIG" ]; then
+  echo "error: config file $CONFIG not found" >&2
+  exit 2
+fi
+PYTHON=${PYTHON:-python}
+case "$CONFIG" in
+  */segmentation/*) CODEBASE=mmseg ;;
+  *) CODEBASE=mmdet ;;
+esac
+TRAIN=$("$PYTHON" -c "import os, $CODEBASE as m; print(os.path.join(os.path.dirname(m.__file__), '.mim', 'tools', 'train.py'))")
+
+CPU_OPTIONS=()
+if ! "$PYTHON" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
+  CPU_OPTIONS=(--cfg-options env_cfg.dist_cfg.backend=gloo
+    model_wrapper_cfg.type=MMDistributedDataParallel
+    model_wrapper_cfg.device_ids=None
+    model_wrapper_cfg.broadcast_buffers=False
+    model_wrapper_cfg.find_unused_parameters=False)
+fi
+
+PYTHONPATH="$(dirname "$0")/..${PYTHONPATH:+:$PYTHONPATH}" \
+exec "$PYTHON" -m torch.distributed.run \
+  --nnodes="${NNODES:-1}" \
+  --node_rank="${NODE_RANK:-0}" \
+  --master_addr="${MASTER_ADDR:-127.0.0.1}" \
+  --master_port="${PORT:-29500}" \
+  --nproc_per_node="$NPROC" \
+  "$TRAIN" "$CONFIG" --launcher pytorch "${CPU_OPTIONS[@]}" "$@"
