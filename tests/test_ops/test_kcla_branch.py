@@ -25,6 +25,12 @@ def reference_branch(x, u, w, z, gate, weight, norm, keep):
     return x + y, u_next
 
 
+def relu_mask(x):
+    """The bit mask kcla_bn_relu_add_forward fills: (B, C, ceil(HW / 8))."""
+    b, c, h, w = x.shape
+    return torch.empty((b, c, (h * w + 7) // 8), dtype=torch.uint8)
+
+
 def make_case(dtype=torch.float32, b=3, c=12, h=7, w=5, g=3, seed=0,
               with_u=True):
     gen = torch.Generator().manual_seed(seed)
@@ -151,7 +157,17 @@ def test_raw_branch_ops_name_bad_arguments():
                                 o, EPS)
     with pytest.raises(RuntimeError, match='argument `keep` must be \\(B,\\)'):
         ext.kcla_bn_relu_add_forward(o, x, torch.ones(12), torch.ones(12),
-                                     torch.ones(5), torch.empty_like(x))
+                                     torch.ones(5), torch.empty_like(x),
+                                     relu_mask(x))
+    with pytest.raises(RuntimeError, match='argument `mask` must be uint8'):
+        ext.kcla_bn_relu_add_forward(o, x, torch.ones(12), torch.ones(12),
+                                     torch.ones(3), torch.empty_like(x),
+                                     relu_mask(x).float())
+    with pytest.raises(RuntimeError, match='argument `mask` must be '
+                       '\\(B, C, ceil\\(H \\* W / 8\\)\\)'):
+        ext.kcla_bn_relu_add_forward(o, x, torch.ones(12), torch.ones(12),
+                                     torch.ones(3), torch.empty_like(x),
+                                     relu_mask(x)[..., :-1].contiguous())
     with pytest.raises(RuntimeError, match="unknown op group 'fused'"):
         ext.device_types('fused')
 

@@ -78,6 +78,8 @@ class ResNetKCLA(BaseModule):
             Defaults to (0.7, 1 / 0.7).
         kcla_drop_path (float): drop-path rate of the attention branch.
             Defaults to 0.2.
+        kcla_norm_init (float): initial weight of each KCLA branch's BN
+            (spec: 1). Defaults to 1.0.
         state_init_blocks (Sequence[int]): blocks (index within a stage)
             whose KCLA layer re-initialises the state through the
             cross-stage adapter; must contain 0. Defaults to (0, 11).
@@ -128,6 +130,7 @@ class ResNetKCLA(BaseModule):
                  head_dim: Optional[int] = None,
                  temperature_range: Tuple[float, float] = (0.7, 1 / 0.7),
                  kcla_drop_path: float = 0.2,
+                 kcla_norm_init: float = 1.0,
                  state_init_blocks: Sequence[int] = (0, 11),
                  kcla_impl: str = 'auto',
                  pretrained: Optional[str] = None,
@@ -255,13 +258,24 @@ class ResNetKCLA(BaseModule):
                         self._make_attention(
                             layer_attention, width, j, prev_width, strides[i],
                             head_dim, temperature_range, kcla_drop_path,
-                            state_init_blocks, kcla_impl, i)
+                            state_init_blocks, kcla_impl, kcla_norm_init, i)
                         for j in range(num_blocks)
                     ]))
                 self.attn_layers.append(attn_name)
             inplanes = width
         self.feat_dim = inplanes
+        if layer_attention == 'KCLA' and not with_cp:
+            self._invert_states(state_init_blocks)
         self._freeze_stages()
+
+    def _invert_states(self, state_init_blocks: Sequence[int]) -> None:
+        """KCLA layers whose successor continues their state do not save it
+        for backward; the successor inverts the running sum instead."""
+        for name in self.attn_layers:
+            layers = getattr(self, name)
+            for j, layer in enumerate(layers):
+                layer.invert_state = j + 1 < len(layers) and \
+                    j + 1 not in state_init_blocks
 
     def _make_stem_layer(self, in_channels: int, stem_channels: int) -> None:
         if self.deep_stem:
@@ -321,7 +335,8 @@ class ResNetKCLA(BaseModule):
                         prev_width: Optional[int], stride: int,
                         head_dim: Optional[int], temperature_range: tuple,
                         drop_path: float, state_init_blocks: Sequence[int],
-                        impl: str, stage_idx: int) -> nn.Module:
+                        impl: str, norm_init: float,
+                        stage_idx: int) -> nn.Module:
         """The attention layer after block ``block_idx`` of a stage."""
         head_dim = head_dim if head_dim is not None else \
             DEFAULT_HEAD_DIMS[kind]
@@ -339,6 +354,7 @@ class ResNetKCLA(BaseModule):
                     state_in_channels=state_in_channels,
                     state_stride=stride if block_idx == 0 else 1,
                     norm_cfg=norm_cfg,
+                    norm_init=norm_init,
                     impl=impl)
             if kind == 'LA':
                 return LayerAttention(
@@ -371,16 +387,26 @@ class ResNetKCLA(BaseModule):
                     param.requires_grad = False
 
     def init_weights(self) -> None:
-        """Initialise attention layers by the spec, then the rest (or load).
+        """Initialise the attention layers by their own (the spec's) scheme.
 
-        The attention layers are initialised first so that they keep their
-        scheme when a ``Pretrained`` checkpoint (e.g. plain ResNet weights)
-        lacks them.
+        With a ``Pretrained`` init_cfg they are initialised first and the
+        checkpoint is loaded over them (plain ResNet weights lack them);
+        otherwise after the backbone's generic Kaiming/Constant scheme.
         """
-        for name in self.attn_layers:
-            for layer in getattr(self, name):
-                layer.init_weights()
-        super().init_weights()
+        cfgs = self.init_cfg if isinstance(self.init_cfg, list) else \
+            [self.init_cfg]
+        pretrained = any(
+            isinstance(cfg, dict) and cfg.get('type') == 'Pretrained'
+            for cfg in cfgs)
+        attention = [
+            layer for name in self.attn_layers for layer in getattr(self, name)
+        ]
+        if not pretrained:
+            super().init_weights()
+        for layer in attention:
+            layer.init_weights()
+        if pretrained:
+            super().init_weights()
 
     def _check_input(self, x: Tensor) -> None:
         if not isinstance(x, Tensor):

@@ -15,8 +15,8 @@ from mmengine.model import BaseModule
 from torch import Tensor
 
 from kcla_mm.ops import kcla_state_update
-from kcla_mm.ops.kcla_branch import (branch_supported, kcla_branch,
-                                     kcla_branch_inference)
+from kcla_mm.ops.kcla_branch import (StateTape, branch_supported,
+                                     kcla_branch, kcla_branch_inference)
 from kcla_mm.ops.kcla_state import IMPLS
 from .eca import build_eca_conv, eca_project
 from .state import KCLAState
@@ -130,6 +130,13 @@ class KCLALayer(BaseModule):
     A layer built with ``state_in_channels`` first re-initialises the
     incoming state with :class:`KCLAStateAdapter` (U = z A', Z = z).
 
+    Setting ``invert_state = True`` (``ResNetKCLA`` does, for every layer
+    whose successor continues its state) makes the fused training path drop
+    this layer's U from the saved tensors: the successor recovers it in
+    backward as U_next - w X, so training memory for the state is one buffer
+    per chain, independent of depth. The successor must then run the fused
+    training path too.
+
     Args:
         channels (int): C, the block's output channels.
         head_dim (int): d, channels per head; must divide C. Defaults to 64.
@@ -145,6 +152,10 @@ class KCLALayer(BaseModule):
             resolution instead (pyramid levels). Defaults to False.
         norm_cfg (dict): norm config of the Y branch and the adapter.
             Defaults to ``dict(type='BN')``.
+        norm_init (float): initial weight of the Y branch's norm; the spec
+            (and the authors) use 1. Smaller values start every block closer
+            to the plain ResNet, which steadies short from-scratch training.
+            Defaults to 1.0.
         eps (float): added to Z before dividing. Defaults to 1e-3.
         key_eps (float): lower bound of |K| in the gate (zero inputs).
             Defaults to 1e-6.
@@ -171,6 +182,7 @@ class KCLALayer(BaseModule):
                  state_stride: int = 1,
                  state_resize: bool = False,
                  norm_cfg: dict = dict(type='BN'),
+                 norm_init: float = 1.0,
                  eps: float = 1e-3,
                  key_eps: float = 1e-6,
                  impl: str = 'auto',
@@ -195,6 +207,12 @@ class KCLALayer(BaseModule):
         if impl not in IMPLS:
             raise ValueError(f'{owner}: impl must be one of {IMPLS}, got '
                              f'{impl!r}')
+        if not isinstance(norm_init, (int, float)) or \
+                isinstance(norm_init, bool) or not norm_init > 0:
+            raise ValueError(f'{owner}: norm_init must be a float > 0 (the '
+                             'branch ReLU passes no gradient at 0), got '
+                             f'{norm_init!r}')
+        self.norm_init = float(norm_init)
         self.impl = impl
         self.eps = eps
         self.key_eps = key_eps
@@ -210,6 +228,7 @@ class KCLALayer(BaseModule):
         self.norm_name, norm = build_norm_layer(norm_cfg, channels)
         self.add_module(self.norm_name, norm)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.invert_state = False
         self.adapter = None
         if state_in_channels is not None:
             self.adapter = KCLAStateAdapter(state_in_channels, channels,
@@ -219,6 +238,14 @@ class KCLALayer(BaseModule):
     @property
     def norm(self) -> nn.Module:
         return getattr(self, self.norm_name)
+
+    def init_weights(self) -> None:
+        """The authors' scheme (``init_cfg``), then the branch norm's weight
+        set to ``norm_init``."""
+        first = not self._is_init
+        super().init_weights()
+        if first:
+            nn.init.constant_(self.norm.weight, self.norm_init)
 
     def extra_repr(self) -> str:
         return (f'channels={self.channels}, num_heads={self.num_heads}, '
@@ -260,13 +287,15 @@ class KCLALayer(BaseModule):
             torch.float32, torch.float64) and branch_supported(x, self.norm)
 
     def _fused_branch(self, x: Tensor, u: Optional[Tensor], weight: Tensor,
-                      z: Tensor, gate: Tensor) -> Tuple[Tensor, Tensor]:
-        """(X + Y, U) through ``kcla_mm._ext``; in no-grad eval mode the
+                      z: Tensor, gate: Tensor,
+                      tape_in: Optional[StateTape]) -> KCLAState:
+        """(X + Y, state) through ``kcla_mm._ext``; in no-grad eval mode the
         incoming U is updated in place."""
         if not torch.is_grad_enabled() and not self.norm.training:
-            return kcla_branch_inference(x, u, weight, z, gate,
-                                         self.v_conv.weight, self.norm,
-                                         self.eps)
+            out, u = kcla_branch_inference(x, u, weight, z, gate,
+                                           self.v_conv.weight, self.norm,
+                                           self.eps)
+            return out, KCLAState(u, z)
         b = x.shape[0]
         keep = x.new_ones(b)
         drop_prob = getattr(self.drop_path, 'drop_prob', 0.0)
@@ -275,8 +304,10 @@ class KCLALayer(BaseModule):
             keep = (keep_prob + torch.rand(
                 (b, 1, 1, 1), dtype=x.dtype,
                 device=x.device)).floor_().view(b) / keep_prob
-        return kcla_branch(x, u, weight, z, gate, self.v_conv.weight,
-                           self.norm, keep, self.eps)
+        tape_out = StateTape() if self.invert_state else None
+        out, u = kcla_branch(x, u, weight, z, gate, self.v_conv.weight,
+                             self.norm, keep, self.eps, tape_in, tape_out)
+        return out, KCLAState(u, z, tape_out)
 
     def forward(self,
                 x: Tensor,
@@ -306,10 +337,19 @@ class KCLALayer(BaseModule):
                 F.linear(relevance, self.gate.weight.to(dtype)))
             u, z = self._initial_state(x, state)
             z = weight if z is None else z + weight
-            if self._use_fused_branch(x):
-                out, u = self._fused_branch(x.to(dtype).contiguous(), u,
-                                            weight, z, gate)
-                return out.to(x.dtype), KCLAState(u, z)
+            fused = self._use_fused_branch(x)
+            tape_in = None if state is None else state.tape
+            if tape_in is not None and (self.adapter is not None
+                                        or not fused):
+                raise RuntimeError(
+                    f'{type(self).__name__}: the previous layer did not save '
+                    'its state (invert_state=True), so this layer must '
+                    'continue it on the fused training path; set '
+                    'invert_state=False on the previous layer')
+            if fused:
+                out, new_state = self._fused_branch(
+                    x.to(dtype).contiguous(), u, weight, z, gate, tape_in)
+                return out.to(x.dtype), new_state
             u, agg = kcla_state_update(
                 x.to(dtype), weight, z, u, eps=self.eps, impl=self.impl)
         out = self.v_conv(agg.to(x.dtype))

@@ -1,7 +1,9 @@
 """States carried between the blocks of a backbone by layer attention."""
-from typing import List, NamedTuple
+from typing import List, NamedTuple, Optional
 
 from torch import Tensor
+
+from kcla_mm.ops.kcla_branch import StateTape
 
 
 class KCLAState(NamedTuple):
@@ -10,9 +12,13 @@ class KCLAState(NamedTuple):
     Attributes:
         u (Tensor): U = sum_s w_s * X^s, (B, C, H, W), float32.
         z (Tensor): Z = sum_s w_s, (B, G), float32, one entry per head.
+        tape (StateTape, optional): set when the layer that produced ``u``
+            did not save it for backward; the next layer must continue the
+            state on the fused training path and hand ``u`` back.
     """
     u: Tensor
     z: Tensor
+    tape: Optional[StateTape] = None
 
     @property
     def num_heads(self) -> int:

@@ -3,7 +3,10 @@
 // Shapes: x, u, u_next, o, out and their gradients: (B, C, H, W)
 // contiguous; w, z, gate: (B, G) with G dividing C (head g owns channels
 // [g * C / G, (g + 1) * C / G)); weight: (C, 1, 3, 3), the depthwise conv;
-// scale, shift: (C,), the folded BN; keep: (B,), drop-path multipliers.
+// scale, shift: (C,), the folded BN; keep: (B,), drop-path multipliers;
+// mask: (B, C, ceil(H * W / 8)) uint8, the ReLU's decisions, bit i % 8 of
+// byte i / 8 for position i of a plane (backward uses the exact forward
+// decisions, even where o is recomputed from a state recovered by inversion).
 //
 //   u_next = u + w * x                       (u undefined: w * x)
 //   o      = gate * DWConv3x3(u_next / (z + eps))
@@ -18,11 +21,12 @@ void kcla_branch_forward_impl(const at::Tensor x, const at::Tensor u,
                               const at::Tensor gate, const at::Tensor weight,
                               at::Tensor u_next, at::Tensor o, double eps);
 
-// out = x + keep * ReLU(scale * o + shift).
+// out = x + keep * ReLU(scale * o + shift); mask = [scale * o + shift > 0].
 void kcla_bn_relu_add_forward_impl(const at::Tensor o, const at::Tensor x,
                                    const at::Tensor scale,
                                    const at::Tensor shift,
-                                   const at::Tensor keep, at::Tensor out);
+                                   const at::Tensor keep, at::Tensor out,
+                                   at::Tensor mask);
 
 // o = gate * DWConv3x3(u_next / (z + eps)) again (backward recompute).
 void kcla_branch_recompute_impl(const at::Tensor u_next, const at::Tensor z,
@@ -30,13 +34,13 @@ void kcla_branch_recompute_impl(const at::Tensor u_next, const at::Tensor z,
                                 at::Tensor o, double eps);
 
 // Backward of out = x + keep * ReLU(scale * o + shift) with scale, shift
-// held constant: g_n = grad_out * keep * [scale * o + shift > 0],
+// held constant: g_n = grad_out * keep * mask,
 // grad_o = scale * g_n; sum_grad[c] = sum g_n and
 // sum_grad_centered[c] = sum g_n * (o - mean[c]) (centred: no cancellation
 // when |mean| >> std).
 void kcla_bn_relu_add_backward_impl(const at::Tensor grad_out,
                                     const at::Tensor o, const at::Tensor scale,
-                                    const at::Tensor shift,
+                                    const at::Tensor mask,
                                     const at::Tensor keep,
                                     const at::Tensor mean, at::Tensor grad_o,
                                     at::Tensor sum_grad,
@@ -74,9 +78,10 @@ void kcla_branch_recompute(const at::Tensor u_next, const at::Tensor z,
                            at::Tensor o, double eps);
 void kcla_bn_relu_add_forward(const at::Tensor o, const at::Tensor x,
                               const at::Tensor scale, const at::Tensor shift,
-                              const at::Tensor keep, at::Tensor out);
+                              const at::Tensor keep, at::Tensor out,
+                              at::Tensor mask);
 void kcla_bn_relu_add_backward(const at::Tensor grad_out, const at::Tensor o,
-                               const at::Tensor scale, const at::Tensor shift,
+                               const at::Tensor scale, const at::Tensor mask,
                                const at::Tensor keep, const at::Tensor mean,
                                at::Tensor grad_o, at::Tensor sum_grad,
                                at::Tensor sum_grad_centered);

@@ -21,20 +21,21 @@ void kcla_branch_recompute_impl(const at::Tensor u_next, const at::Tensor z,
 void kcla_bn_relu_add_forward_impl(const at::Tensor o, const at::Tensor x,
                                    const at::Tensor scale,
                                    const at::Tensor shift,
-                                   const at::Tensor keep, at::Tensor out) {
+                                   const at::Tensor keep, at::Tensor out,
+                                   at::Tensor mask) {
   DISPATCH_DEVICE_IMPL(kcla_bn_relu_add_forward_impl, o, x, scale, shift, keep,
-                       out);
+                       out, mask);
 }
 
 void kcla_bn_relu_add_backward_impl(const at::Tensor grad_out,
                                     const at::Tensor o, const at::Tensor scale,
-                                    const at::Tensor shift,
+                                    const at::Tensor mask,
                                     const at::Tensor keep,
                                     const at::Tensor mean, at::Tensor grad_o,
                                     at::Tensor sum_grad,
                                     at::Tensor sum_grad_centered) {
   DISPATCH_DEVICE_IMPL(kcla_bn_relu_add_backward_impl, grad_out, o, scale,
-                       shift, keep, mean, grad_o, sum_grad, sum_grad_centered);
+                       mask, keep, mean, grad_o, sum_grad, sum_grad_centered);
 }
 
 void kcla_branch_backward_impl(
@@ -109,6 +110,18 @@ class BranchChecker {
                 name, "` must be (B,) with B = ", x_.size(0), ", got ",
                 t.sizes());
   }
+  void relu_mask(const at::Tensor& t, const char* name) const {
+    check_contiguous(t, op_, name);
+    TORCH_CHECK(t.device() == x_.device() && t.scalar_type() == at::kByte,
+                op_, ": argument `", name, "` must be uint8 on ",
+                x_.device(), ", got ", t.scalar_type(), " on ", t.device());
+    const int64_t bytes = (x_.size(2) * x_.size(3) + 7) / 8;
+    TORCH_CHECK(t.dim() == 3 && t.size(0) == x_.size(0) &&
+                    t.size(1) == x_.size(1) && t.size(2) == bytes,
+                op_, ": argument `", name, "` must be (B, C, ceil(H * W / 8))"
+                " = (", x_.size(0), ", ", x_.size(1), ", ", bytes, "), got ",
+                t.sizes());
+  }
   void kernel(const at::Tensor& t, const char* name) const {
     check(t, name);
     TORCH_CHECK(t.dim() == 4 && t.size(0) == x_.size(1) && t.size(1) == 1 &&
@@ -160,31 +173,33 @@ void kcla_branch_recompute(const at::Tensor u_next, const at::Tensor z,
 
 void kcla_bn_relu_add_forward(const at::Tensor o, const at::Tensor x,
                               const at::Tensor scale, const at::Tensor shift,
-                              const at::Tensor keep, at::Tensor out) {
+                              const at::Tensor keep, at::Tensor out,
+                              at::Tensor mask) {
   BranchChecker ck("kcla_bn_relu_add_forward", x);
   ck.map(o, "o");
   ck.channels(scale, "scale");
   ck.channels(shift, "shift");
   ck.batch(keep, "keep");
   ck.map(out, "out");
-  kcla_bn_relu_add_forward_impl(o, x, scale, shift, keep, out);
+  ck.relu_mask(mask, "mask");
+  kcla_bn_relu_add_forward_impl(o, x, scale, shift, keep, out, mask);
 }
 
 void kcla_bn_relu_add_backward(const at::Tensor grad_out, const at::Tensor o,
-                               const at::Tensor scale, const at::Tensor shift,
+                               const at::Tensor scale, const at::Tensor mask,
                                const at::Tensor keep, const at::Tensor mean,
                                at::Tensor grad_o, at::Tensor sum_grad,
                                at::Tensor sum_grad_centered) {
   BranchChecker ck("kcla_bn_relu_add_backward", o);
   ck.map(grad_out, "grad_out");
   ck.channels(scale, "scale");
-  ck.channels(shift, "shift");
+  ck.relu_mask(mask, "mask");
   ck.batch(keep, "keep");
   ck.channels(mean, "mean");
   ck.map(grad_o, "grad_o");
   ck.channels(sum_grad, "sum_grad");
   ck.channels(sum_grad_centered, "sum_grad_centered");
-  kcla_bn_relu_add_backward_impl(grad_out, o, scale, shift, keep, mean,
+  kcla_bn_relu_add_backward_impl(grad_out, o, scale, mask, keep, mean,
                                  grad_o, sum_grad, sum_grad_centered);
 }
 

@@ -61,11 +61,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("z"), py::arg("gate"), py::arg("weight"), py::arg("o"),
         py::arg("eps"));
   m.def("kcla_bn_relu_add_forward", &kcla_bn_relu_add_forward,
-        "out = x + keep * ReLU(scale * o + shift)", py::arg("o"), py::arg("x"),
-        py::arg("scale"), py::arg("shift"), py::arg("keep"), py::arg("out"));
+        "out = x + keep * ReLU(scale * o + shift), mask = the ReLU's bits",
+        py::arg("o"), py::arg("x"), py::arg("scale"), py::arg("shift"),
+        py::arg("keep"), py::arg("out"), py::arg("mask"));
   m.def("kcla_bn_relu_add_backward", &kcla_bn_relu_add_backward,
         "gradient of kcla_bn_relu_add_forward w.r.t. o, with channel sums",
-        py::arg("grad_out"), py::arg("o"), py::arg("scale"), py::arg("shift"),
+        py::arg("grad_out"), py::arg("o"), py::arg("scale"), py::arg("mask"),
         py::arg("keep"), py::arg("mean"), py::arg("grad_o"),
         py::arg("sum_grad"), py::arg("sum_grad_centered"));
   m.def("kcla_branch_backward", &kcla_branch_backward,

@@ -111,18 +111,29 @@ template <typename T>
 void bn_relu_add_forward_kernel(const at::Tensor& o, const at::Tensor& x,
                                 const at::Tensor& scale,
                                 const at::Tensor& shift, const at::Tensor& keep,
-                                at::Tensor& out) {
+                                at::Tensor& out, at::Tensor& mask) {
   const int64_t B = o.size(0), C = o.size(1), HW = o.size(2) * o.size(3);
+  const int64_t bytes = mask.size(2);
   const T *po = o.data_ptr<T>(), *px = x.data_ptr<T>();
   const T *ps = scale.data_ptr<T>(), *pb = shift.data_ptr<T>();
   const T* pk = keep.data_ptr<T>();
   T* pout = out.data_ptr<T>();
+  uint8_t* pmask = mask.data_ptr<uint8_t>();
   at::parallel_for(0, B * C, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const T sc = ps[p % C], sh = pb[p % C], kp = pk[p / C];
       const int64_t off = p * HW;
-      for (int64_t i = off; i < off + HW; ++i) {
-        pout[i] = px[i] + kp * std::max(sc * po[i] + sh, T(0));
+      for (int64_t i = 0; i < HW; ++i) {
+        pout[off + i] = px[off + i] + kp * std::max(sc * po[off + i] + sh, T(0));
+      }
+      uint8_t* bits = pmask + p * bytes;
+      for (int64_t j = 0; j < bytes; ++j) {
+        uint8_t byte = 0;
+        const int64_t n = std::min<int64_t>(8, HW - 8 * j);
+        for (int64_t k = 0; k < n; ++k) {
+          byte |= uint8_t(sc * po[off + 8 * j + k] + sh > T(0)) << k;
+        }
+        bits[j] = byte;
       }
     }
   });
@@ -131,30 +142,33 @@ void bn_relu_add_forward_kernel(const at::Tensor& o, const at::Tensor& x,
 template <typename T>
 void bn_relu_add_backward_kernel(const at::Tensor& grad_out,
                                  const at::Tensor& o, const at::Tensor& scale,
-                                 const at::Tensor& shift,
+                                 const at::Tensor& mask,
                                  const at::Tensor& keep, const at::Tensor& mean,
                                  at::Tensor& grad_o, at::Tensor& sum_grad,
                                  at::Tensor& sum_grad_c) {
   using acc_t = at::opmath_type<T>;
   const int64_t B = o.size(0), C = o.size(1), HW = o.size(2) * o.size(3);
   const T *pgo = grad_out.data_ptr<T>(), *po = o.data_ptr<T>();
-  const T *ps = scale.data_ptr<T>(), *pb = shift.data_ptr<T>();
+  const int64_t bytes = mask.size(2);
+  const T* ps = scale.data_ptr<T>();
   const T *pk = keep.data_ptr<T>(), *pm = mean.data_ptr<T>();
+  const uint8_t* pmask = mask.data_ptr<uint8_t>();
   T *pgrad = grad_o.data_ptr<T>(), *psg = sum_grad.data_ptr<T>();
   T* psgc = sum_grad_c.data_ptr<T>();
   at::parallel_for(0, C, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
-      const T sc = ps[c], sh = pb[c], mu = pm[c];
+      const T sc = ps[c], mu = pm[c];
       acc_t sg = 0, sgc = 0;
       for (int64_t b = 0; b < B; ++b) {
         const T kp = pk[b];
         const int64_t off = (b * C + c) * HW;
-        for (int64_t i = off; i < off + HW; ++i) {
-          const T active = T(sc * po[i] + sh > T(0));
-          const T gn = pgo[i] * kp * active;
-          pgrad[i] = gn * sc;
+        const uint8_t* bits = pmask + (b * C + c) * bytes;
+        for (int64_t i = 0; i < HW; ++i) {
+          const T active = T((bits[i >> 3] >> (i & 7)) & 1);
+          const T gn = pgo[off + i] * kp * active;
+          pgrad[off + i] = gn * sc;
           sg += gn;
-          sgc += acc_t(gn) * acc_t(po[i] - mu);
+          sgc += acc_t(gn) * acc_t(po[off + i] - mu);
         }
       }
       psg[c] = T(sg);
@@ -313,22 +327,22 @@ void kcla_branch_recompute_cpu(const at::Tensor u_next, const at::Tensor z,
 void kcla_bn_relu_add_forward_cpu(const at::Tensor o, const at::Tensor x,
                                   const at::Tensor scale,
                                   const at::Tensor shift, const at::Tensor keep,
-                                  at::Tensor out) {
+                                  at::Tensor out, at::Tensor mask) {
   KCLA_DISPATCH_CPU(o.scalar_type(), "kcla_bn_relu_add_forward_cpu",
                     bn_relu_add_forward_kernel<scalar_t>(o, x, scale, shift,
-                                                         keep, out));
+                                                         keep, out, mask));
 }
 
 void kcla_bn_relu_add_backward_cpu(const at::Tensor grad_out,
                                    const at::Tensor o, const at::Tensor scale,
-                                   const at::Tensor shift,
+                                   const at::Tensor mask,
                                    const at::Tensor keep,
                                    const at::Tensor mean, at::Tensor grad_o,
                                    at::Tensor sum_grad,
                                    at::Tensor sum_grad_centered) {
   KCLA_DISPATCH_CPU(o.scalar_type(), "kcla_bn_relu_add_backward_cpu",
                     bn_relu_add_backward_kernel<scalar_t>(
-                        grad_out, o, scale, shift, keep, mean, grad_o,
+                        grad_out, o, scale, mask, keep, mean, grad_o,
                         sum_grad, sum_grad_centered));
 }
 

@@ -1,0 +1,138 @@
+"""Training memory: a KCLA layer's state recovered by inverting the sum."""
+import pytest
+import torch
+
+from kcla_mm.models import ResNetKCLA
+from kcla_mm.models.layers import KCLALayer
+from kcla_mm.ops import kcla_branch as branch_ops
+
+
+def chain(n, channels=16, invert=True, key_std=None, dtype=torch.float64,
+          drop_path=0.0):
+    torch.manual_seed(0)
+    layers = [
+        KCLALayer(channels, head_dim=8, drop_path=drop_path) for _ in range(n)
+    ]
+    for i, layer in enumerate(layers):
+        layer.init_weights()
+        layer.invert_state = invert and i + 1 < n
+        if key_std is not None:
+            torch.nn.init.normal_(layer.k_conv.weight, std=key_std)
+    return [layer.to(dtype).train() for layer in layers]
+
+
+def run(layers, xs, seed=1):
+    """Forward + backward; returns outputs, input grads, parameter grads and
+    the bytes of the distinct storages autograd saved."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    inputs = [x.clone().requires_grad_() for x in xs]
+    torch.manual_seed(seed)
+    state, outs = None, []
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        for layer, x in zip(layers, inputs):
+            out, state = layer(x, state)
+            outs.append(out)
+    gen = torch.Generator().manual_seed(2)
+    sum((o * torch.randn(o.shape, generator=gen,
+                         dtype=torch.float64).to(o.dtype)).sum()
+        for o in outs).backward()
+    grads = [x.grad for x in inputs] + [
+        p.grad for layer in layers for p in layer.parameters()]
+    return [o.detach() for o in outs] + grads, sum(storages.values())
+
+
+def inputs(n, dtype=torch.float64, shape=(2, 16, 9, 7)):
+    torch.manual_seed(3)
+    return [torch.rand(shape, dtype=dtype) * 2 for _ in range(n)]
+
+
+@pytest.mark.parametrize('bn_train', [True, False])
+def test_inverted_chain_matches_torch_path_float64(bn_train):
+    xs = inputs(6)
+    results = []
+    for impl, invert in (('torch', False), ('fused', True)):
+        layers = chain(6, invert=invert, drop_path=0.2)
+        for layer in layers:
+            layer.impl = impl
+            layer.norm.train(bn_train)
+        results.append(run(layers, xs)[0])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_inversion_drops_one_state_map_per_interior_layer():
+    n = 6
+    xs = inputs(n, torch.float32)
+    # zero keys: every layer weighs 1, Z grows 1..6 (< the growth limit)
+    saved = {}
+    for invert in (False, True):
+        layers = chain(n, invert=invert, key_std=0.0, dtype=torch.float32)
+        saved[invert] = run(layers, xs)[1]
+    one_map = xs[0].numel() * 4
+    assert saved[False] - saved[True] == (n - 1) * one_map
+
+
+def float32_error(invert, key_std=1.5, n=6):
+    """Max relative error of float32 outputs/grads against float64, and the
+    saved bytes."""
+    xs = inputs(n, torch.float32)
+    ref, _ = run(chain(n, invert=False, key_std=key_std),
+                 [x.double() for x in xs])
+    got, saved = run(
+        chain(n, invert=invert, key_std=key_std, dtype=torch.float32), xs)
+    error = max(((a - b).abs().max() / b.abs().max()).item()
+                for a, b in zip(got, ref))
+    return error, saved
+
+
+def test_fast_growing_weights_keep_float32_accuracy(monkeypatch):
+    """Keys with std 1.5 make Z grow fast: inverting every step loses
+    float32 accuracy (cancellation), so the layers where Z grew more than
+    MAX_INVERSION_GROWTH save their incoming state instead."""
+    plain_error, plain_saved = float32_error(invert=False)
+    error, saved = float32_error(invert=True)
+    monkeypatch.setattr(branch_ops, 'MAX_INVERSION_GROWTH', float('inf'))
+    unlimited_error, unlimited_saved = float32_error(invert=True)
+    assert plain_error < 1e-4 and error < 2 * plain_error, (plain_error,
+                                                            error)
+    assert unlimited_error > 5 * error, (unlimited_error, error)
+    assert unlimited_saved < saved < plain_saved
+
+
+def test_successor_on_torch_path_is_refused():
+    layers = chain(2)
+    layers[1].impl = 'torch'
+    x = inputs(2)
+    _, state = layers[0](x[0])
+    with pytest.raises(RuntimeError, match='invert_state=True'):
+        layers[1](x[1], state)
+
+
+@pytest.mark.parametrize('norm_eval', [True, False])
+def test_backbone_inverts_interior_layers_only(norm_eval):
+    model = ResNetKCLA(101, base_channels=8, head_dim=8, norm_eval=norm_eval)
+    stage3 = [layer.invert_state for layer in model.layer3_attn]
+    # block 11 re-initialises the state: block 10 must keep its own
+    assert stage3[10] is False and stage3[22] is False
+    assert all(stage3[:10]) and all(stage3[11:22])
+    assert not any(layer.invert_state for layer in ResNetKCLA(
+        18, with_cp=True).layer1_attn)
+    torch.manual_seed(0)
+    fused = ResNetKCLA(50, base_channels=16, head_dim=16, norm_eval=norm_eval)
+    plain = ResNetKCLA(50, base_channels=16, head_dim=16, norm_eval=norm_eval,
+                       kcla_impl='torch')
+    plain.load_state_dict(fused.state_dict())
+    results = []
+    for model in (fused, plain):
+        model.double().train()
+        torch.manual_seed(1)
+        outs = model(torch.rand(2, 3, 64, 64, dtype=torch.float64))
+        sum((o * o).mean() for o in outs).backward()
+        results.append([p.grad for p in model.parameters()])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
