@@ -204,6 +204,12 @@ def test_zero_init_residual_and_kcla_init():
     bound = (6 / (layer.gate.in_features + layer.gate.out_features))**0.5
     assert layer.gate.weight.abs().max() <= bound
     assert layer.gate.weight.std() > 0
+    # kcla_norm_init sets only the branch BN, over the backbone's BN init
+    model = ResNetKCLA(18, kcla_norm_init=0.1)
+    model.init_weights()
+    assert (model.layer2_attn[1].norm.weight == 0.1).all()
+    assert (model.layer2_attn[0].adapter.bn.weight == 1).all()
+    assert (model.layer2[0].bn1.weight == 1).all()
 
 
 def test_float16_autocast_forward_r50_is_finite():
@@ -232,6 +238,7 @@ def test_float16_autocast_forward_r50_is_finite():
     (dict(depth=50, state_init_blocks=(11, )), ValueError,
      'state_init_blocks must be .* containing 0'),
     (dict(depth=50, kcla_drop_path=2.0), ValueError, 'drop_path must be'),
+    (dict(depth=18, kcla_norm_init=0.0), ValueError, 'norm_init must be'),
     (dict(depth=50, pretrained='a.pth', init_cfg=dict(type='Pretrained')),
      ValueError, 'init_cfg and pretrained cannot be set'),
 ])

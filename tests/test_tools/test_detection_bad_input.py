@@ -1,5 +1,4 @@
 """mmdet's own tools with kcla_mm configs: bad paths and checkpoints."""
-import os.path as osp
 import subprocess
 import sys
 
@@ -7,23 +6,8 @@ import pytest
 import torch
 from mmengine.config import Config
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-CONFIG = osp.join(ROOT, 'configs', 'demo',
-                  'faster-rcnn_r18-kcla_fpn_synthetic-coco.py')
-
-
-def mmdet_tool(name):
-    import mmdet
-    return osp.join(osp.dirname(mmdet.__file__), '.mim', 'tools', name)
-
-
-def data_options(root):
-    ann = root + 'annotations/instances_val2017.json'
-    return [f'{split}_dataloader.dataset.data_root={root}'
-            for split in ('train', 'val', 'test')] + [
-                f'val_evaluator.ann_file={ann}',
-                f'test_evaluator.ann_file={ann}'
-            ]
+from .helpers import (DEMO_CONFIG, ROOT, data_options, make_synthetic_coco,
+                      mmdet_tool)
 
 
 def run_tool(args, cwd):
@@ -35,7 +19,7 @@ def run_tool(args, cwd):
 def test_missing_data_root_names_the_annotation_path(tmp_path):
     root = str(tmp_path / 'no_such_dataset') + '/'
     result = run_tool([
-        mmdet_tool('train.py'), CONFIG, '--work-dir',
+        mmdet_tool('train.py'), DEMO_CONFIG, '--work-dir',
         str(tmp_path / 'work'), '--cfg-options', *data_options(root)
     ], ROOT)
     assert result.returncode != 0
@@ -48,24 +32,18 @@ def test_missing_data_root_names_the_annotation_path(tmp_path):
 def test_mismatched_checkpoint_reports_the_keys(tmp_path):
     from mmdet.registry import MODELS
     import kcla_mm  # noqa: F401
-    data = tmp_path / 'data'
-    subprocess.run([
-        sys.executable,
-        osp.join(ROOT, 'tools', 'dataset_converters',
-                 'make_synthetic_coco.py'), str(data), '--num-train', '4',
-        '--num-val', '2'
-    ], check=True, capture_output=True)
+    data_root = make_synthetic_coco(tmp_path / 'data', 4, 2)
     # a checkpoint of the same detector for 5 classes, not 3
-    cfg = Config.fromfile(CONFIG)
+    cfg = Config.fromfile(DEMO_CONFIG)
     cfg.model.roi_head.bbox_head.num_classes = 5
     checkpoint = tmp_path / 'five_classes.pth'
     torch.save({'state_dict': MODELS.build(cfg.model).state_dict()},
                checkpoint)
     result = run_tool([
-        mmdet_tool('test.py'), CONFIG,
+        mmdet_tool('test.py'), DEMO_CONFIG,
         str(checkpoint), '--work-dir',
         str(tmp_path / 'work'), '--cfg-options',
-        *data_options(f'{data}/')
+        *data_options(data_root)
     ], ROOT)
     log = result.stdout + result.stderr
     assert 'do not match exactly' in log

@@ -1,4 +1,5 @@
-"""tools/dist_train.sh: 2 CPU processes (gloo) train one identical model."""
+"""tools/dist_train.sh: 2 CPU processes (gloo) train one identical model
+(the demo's ResNet-18-KCLA Faster R-CNN, with the KCLAFPN neck)."""
 import os
 import os.path as osp
 import socket
@@ -8,9 +9,7 @@ import sys
 import pytest
 import torch
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-DEMO_CONFIG = osp.join(ROOT, 'configs', 'demo',
-                       'faster-rcnn_r18-kcla_fpn_synthetic-coco.py')
+from .helpers import DEMO_CONFIG, ROOT, make_synthetic_coco
 
 # A hook, imported by the test config, that writes every rank's parameters.
 HOOK = '''
@@ -50,21 +49,15 @@ def free_port() -> int:
 
 @pytest.mark.slow
 def test_two_cpu_ranks_end_with_identical_parameters(tmp_path):
-    data = tmp_path / 'data'
-    subprocess.run([
-        sys.executable,
-        osp.join(ROOT, 'tools', 'dataset_converters',
-                 'make_synthetic_coco.py'),
-        str(data), '--num-train', '16', '--num-val', '4'
-    ], check=True, capture_output=True)
+    root = make_synthetic_coco(tmp_path / 'data', 16, 4)
     (tmp_path / 'rank_params_hook.py').write_text(HOOK)
-    root = f'{data}/'
     config = tmp_path / 'dist_config.py'
     config.write_text(f'''
 _base_ = {DEMO_CONFIG!r}
 custom_imports = dict(imports=['kcla_mm', 'rank_params_hook'],
                       allow_failed_imports=False)
 custom_hooks = [dict(type='SaveRankParametersHook')]
+model = dict(neck=dict(type='KCLAFPN', head_dim=16))
 train_cfg = dict(max_iters=4, val_interval=4)
 train_dataloader = dict(batch_size=2, dataset=dict(data_root={root!r}))
 val_dataloader = dict(dataset=dict(data_root={root!r}))
@@ -97,5 +90,6 @@ test_evaluator = val_evaluator
     initial = ranks[0]['initial']
     moved = [k for k in first if not torch.equal(first[k], initial[k])]
     assert 'backbone.layer4_attn.1.v_conv.weight' in moved
+    assert 'neck.level_attentions.4.v_conv.weight' in moved
     assert len(moved) > 0.9 * len(first), (len(moved), len(first))
     assert (work_dir / 'iter_4.pth').is_file()

@@ -25,4 +25,96 @@ inline void check_same_device_dtype(const at::Tensor& t, const char* name,
               "` has dtype ", ref.scalar_type());
 }
 
+// The data pointer of `t`, or nullptr when `t` is undefined (optional
+// arguments).
+template <typename T>
+T* data_ptr_or_null(const at::Tensor& t) {
+  return t.defined() ? t.data_ptr<T>() : nullptr;
+}
+
+// Checks every argument of an op against the feature map `x` (B, C, H, W)
+// and the per-head tensor `w` (B, G), naming the bad argument. Every tensor
+// must be contiguous, on `x`'s device and of its dtype: float32/float64, or
+// any floating type with `any_float`.
+class FeatureArgChecker {
+ public:
+  FeatureArgChecker(const char* op, const at::Tensor& x,
+                    const at::Tensor& w = at::Tensor(), bool any_float = false)
+      : op_(op), x_(x), w_(w) {
+    check_contiguous(x, op, "x");
+    TORCH_CHECK(x.dim() == 4, op, ": argument `x` must be 4-D (B, C, H, W), "
+                "got ", x.sizes());
+    if (any_float) {
+      TORCH_CHECK(at::isFloatingType(x.scalar_type()), op,
+                  ": argument `x` must be floating point, got ",
+                  x.scalar_type());
+    } else {
+      TORCH_CHECK(x.scalar_type() == at::kFloat ||
+                      x.scalar_type() == at::kDouble,
+                  op, ": argument `x` must be float32 or float64, got ",
+                  x.scalar_type());
+    }
+    if (!w.defined()) return;  // ops without per-head arguments
+    check_contiguous(w, op, "w");
+    check_same_device_dtype(w, "w", x, "x", op);
+    TORCH_CHECK(w.dim() == 2 && w.size(0) == x.size(0) && w.size(1) > 0 &&
+                    x.size(1) % w.size(1) == 0,
+                op, ": argument `w` must be (B, G) with B = ", x.size(0),
+                " and G dividing C = ", x.size(1), ", got ", w.sizes());
+  }
+  void map(const at::Tensor& t, const char* name) const {
+    if (!t.defined()) return;
+    check(t, name);
+    TORCH_CHECK(t.sizes() == x_.sizes(), op_, ": argument `", name,
+                "` must have the shape of `x` ", x_.sizes(), ", got ",
+                t.sizes());
+  }
+  void heads(const at::Tensor& t, const char* name) const {
+    check(t, name);
+    TORCH_CHECK(t.sizes() == w_.sizes(), op_, ": argument `", name,
+                "` must have the shape of `w` ", w_.sizes(), ", got ",
+                t.sizes());
+  }
+  void channels(const at::Tensor& t, const char* name) const {
+    check(t, name);
+    TORCH_CHECK(t.dim() == 1 && t.size(0) == x_.size(1), op_, ": argument `",
+                name, "` must be (C,) with C = ", x_.size(1), ", got ",
+                t.sizes());
+  }
+  void batch(const at::Tensor& t, const char* name) const {
+    check(t, name);
+    TORCH_CHECK(t.dim() == 1 && t.size(0) == x_.size(0), op_, ": argument `",
+                name, "` must be (B,) with B = ", x_.size(0), ", got ",
+                t.sizes());
+  }
+  void relu_mask(const at::Tensor& t, const char* name) const {
+    check_contiguous(t, op_, name);
+    TORCH_CHECK(t.device() == x_.device() && t.scalar_type() == at::kByte,
+                op_, ": argument `", name, "` must be uint8 on ",
+                x_.device(), ", got ", t.scalar_type(), " on ", t.device());
+    const int64_t bytes = (x_.size(2) * x_.size(3) + 7) / 8;
+    TORCH_CHECK(t.dim() == 3 && t.size(0) == x_.size(0) &&
+                    t.size(1) == x_.size(1) && t.size(2) == bytes,
+                op_, ": argument `", name, "` must be (B, C, ceil(H * W / 8))"
+                " = (", x_.size(0), ", ", x_.size(1), ", ", bytes, "), got ",
+                t.sizes());
+  }
+  void kernel(const at::Tensor& t, const char* name) const {
+    check(t, name);
+    TORCH_CHECK(t.dim() == 4 && t.size(0) == x_.size(1) && t.size(1) == 1 &&
+                    t.size(2) == 3 && t.size(3) == 3,
+                op_, ": argument `", name, "` must be (C, 1, 3, 3) with C = ",
+                x_.size(1), ", got ", t.sizes());
+  }
+
+ private:
+  void check(const at::Tensor& t, const char* name) const {
+    check_contiguous(t, op_, name);
+    check_same_device_dtype(t, name, x_, "x", op_);
+  }
+  const char* op_;
+  const at::Tensor x_;
+  const at::Tensor w_;
+};
+
 #endif  // KCLA_PYTORCH_CPP_HELPER

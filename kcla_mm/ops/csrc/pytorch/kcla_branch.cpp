@@ -63,83 +63,6 @@ void kcla_branch_inference_impl(const at::Tensor x, const at::Tensor u,
 
 namespace {
 
-// Checks every argument of a branch op against the feature map `x`
-// (B, C, H, W) and the head tensor `w` (B, G), naming the bad argument.
-class BranchChecker {
- public:
-  BranchChecker(const char* op, const at::Tensor& x,
-                const at::Tensor& w = at::Tensor())
-      : op_(op), x_(x), w_(w) {
-    check_contiguous(x, op, "x");
-    TORCH_CHECK(x.dim() == 4, op, ": argument `x` must be 4-D (B, C, H, W), "
-                "got ", x.sizes());
-    TORCH_CHECK(x.scalar_type() == at::kFloat ||
-                    x.scalar_type() == at::kDouble,
-                op, ": argument `x` must be float32 or float64, got ",
-                x.scalar_type());
-    if (!w.defined()) return;  // ops without per-head arguments
-    check_contiguous(w, op, "w");
-    check_same_device_dtype(w, "w", x, "x", op);
-    TORCH_CHECK(w.dim() == 2 && w.size(0) == x.size(0) && w.size(1) > 0 &&
-                    x.size(1) % w.size(1) == 0,
-                op, ": argument `w` must be (B, G) with B = ", x.size(0),
-                " and G dividing C = ", x.size(1), ", got ", w.sizes());
-  }
-  void map(const at::Tensor& t, const char* name) const {
-    if (!t.defined()) return;
-    check(t, name);
-    TORCH_CHECK(t.sizes() == x_.sizes(), op_, ": argument `", name,
-                "` must have the shape of `x` ", x_.sizes(), ", got ",
-                t.sizes());
-  }
-  void heads(const at::Tensor& t, const char* name) const {
-    check(t, name);
-    TORCH_CHECK(t.sizes() == w_.sizes(), op_, ": argument `", name,
-                "` must have the shape of `w` ", w_.sizes(), ", got ",
-                t.sizes());
-  }
-  void channels(const at::Tensor& t, const char* name) const {
-    check(t, name);
-    TORCH_CHECK(t.dim() == 1 && t.size(0) == x_.size(1), op_, ": argument `",
-                name, "` must be (C,) with C = ", x_.size(1), ", got ",
-                t.sizes());
-  }
-  void batch(const at::Tensor& t, const char* name) const {
-    check(t, name);
-    TORCH_CHECK(t.dim() == 1 && t.size(0) == x_.size(0), op_, ": argument `",
-                name, "` must be (B,) with B = ", x_.size(0), ", got ",
-                t.sizes());
-  }
-  void relu_mask(const at::Tensor& t, const char* name) const {
-    check_contiguous(t, op_, name);
-    TORCH_CHECK(t.device() == x_.device() && t.scalar_type() == at::kByte,
-                op_, ": argument `", name, "` must be uint8 on ",
-                x_.device(), ", got ", t.scalar_type(), " on ", t.device());
-    const int64_t bytes = (x_.size(2) * x_.size(3) + 7) / 8;
-    TORCH_CHECK(t.dim() == 3 && t.size(0) == x_.size(0) &&
-                    t.size(1) == x_.size(1) && t.size(2) == bytes,
-                op_, ": argument `", name, "` must be (B, C, ceil(H * W / 8))"
-                " = (", x_.size(0), ", ", x_.size(1), ", ", bytes, "), got ",
-                t.sizes());
-  }
-  void kernel(const at::Tensor& t, const char* name) const {
-    check(t, name);
-    TORCH_CHECK(t.dim() == 4 && t.size(0) == x_.size(1) && t.size(1) == 1 &&
-                    t.size(2) == 3 && t.size(3) == 3,
-                op_, ": argument `", name, "` must be (C, 1, 3, 3) with C = ",
-                x_.size(1), ", got ", t.sizes());
-  }
-
- private:
-  void check(const at::Tensor& t, const char* name) const {
-    check_contiguous(t, op_, name);
-    check_same_device_dtype(t, name, x_, "x", op_);
-  }
-  const char* op_;
-  const at::Tensor x_;
-  const at::Tensor w_;
-};
-
 at::Tensor optional_tensor(const c10::optional<at::Tensor>& t) {
   return t.value_or(at::Tensor());
 }
@@ -150,7 +73,7 @@ void kcla_branch_forward(const at::Tensor x, const c10::optional<at::Tensor> u,
                          const at::Tensor w, const at::Tensor z,
                          const at::Tensor gate, const at::Tensor weight,
                          at::Tensor u_next, at::Tensor o, double eps) {
-  BranchChecker ck("kcla_branch_forward", x, w);
+  FeatureArgChecker ck("kcla_branch_forward", x, w);
   const at::Tensor u_t = optional_tensor(u);
   ck.map(u_t, "u");
   ck.heads(z, "z");
@@ -164,7 +87,7 @@ void kcla_branch_forward(const at::Tensor x, const c10::optional<at::Tensor> u,
 void kcla_branch_recompute(const at::Tensor u_next, const at::Tensor z,
                            const at::Tensor gate, const at::Tensor weight,
                            at::Tensor o, double eps) {
-  BranchChecker ck("kcla_branch_recompute", u_next, z);
+  FeatureArgChecker ck("kcla_branch_recompute", u_next, z);
   ck.heads(gate, "gate");
   ck.kernel(weight, "weight");
   ck.map(o, "o");
@@ -175,7 +98,7 @@ void kcla_bn_relu_add_forward(const at::Tensor o, const at::Tensor x,
                               const at::Tensor scale, const at::Tensor shift,
                               const at::Tensor keep, at::Tensor out,
                               at::Tensor mask) {
-  BranchChecker ck("kcla_bn_relu_add_forward", x);
+  FeatureArgChecker ck("kcla_bn_relu_add_forward", x);
   ck.map(o, "o");
   ck.channels(scale, "scale");
   ck.channels(shift, "shift");
@@ -190,7 +113,7 @@ void kcla_bn_relu_add_backward(const at::Tensor grad_out, const at::Tensor o,
                                const at::Tensor keep, const at::Tensor mean,
                                at::Tensor grad_o, at::Tensor sum_grad,
                                at::Tensor sum_grad_centered) {
-  BranchChecker ck("kcla_bn_relu_add_backward", o);
+  FeatureArgChecker ck("kcla_bn_relu_add_backward", o);
   ck.map(grad_out, "grad_out");
   ck.channels(scale, "scale");
   ck.relu_mask(mask, "mask");
@@ -211,7 +134,7 @@ void kcla_branch_backward(
     at::Tensor grad_x, const c10::optional<at::Tensor> grad_u,
     at::Tensor grad_w, at::Tensor grad_z, at::Tensor grad_gate,
     at::Tensor grad_weight, double eps) {
-  BranchChecker ck("kcla_branch_backward", x, w);
+  FeatureArgChecker ck("kcla_branch_backward", x, w);
   ck.map(grad_o, "grad_o");
   ck.channels(alpha, "alpha");
   ck.channels(beta, "beta");
@@ -241,7 +164,7 @@ void kcla_branch_inference(const at::Tensor x,
                            const at::Tensor gate, const at::Tensor weight,
                            const at::Tensor scale, const at::Tensor shift,
                            at::Tensor u_next, at::Tensor out, double eps) {
-  BranchChecker ck("kcla_branch_inference", x, w);
+  FeatureArgChecker ck("kcla_branch_inference", x, w);
   const at::Tensor u_t = optional_tensor(u);
   ck.map(u_t, "u");
   ck.heads(z, "z");

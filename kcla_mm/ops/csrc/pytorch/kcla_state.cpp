@@ -20,48 +20,15 @@ void kcla_state_backward_impl(const at::Tensor grad_u_next,
                        z, agg, grad_x, grad_u, grad_w, grad_z, eps);
 }
 
-namespace {
-constexpr const char* kForward = "kcla_state_forward";
-constexpr const char* kBackward = "kcla_state_backward";
-
-// x: (B, C, H, W); w, z: (B, G) with C % G == 0; others like x.
-void check_state_args(const char* op, const at::Tensor& x,
-                      const at::Tensor& w, const at::Tensor& z) {
-  check_contiguous(x, op, "x");
-  check_contiguous(w, op, "w");
-  check_contiguous(z, op, "z");
-  TORCH_CHECK(x.dim() == 4, op, ": argument `x` must be 4-D (B, C, H, W), got ",
-              x.sizes());
-  TORCH_CHECK(w.dim() == 2 && w.size(0) == x.size(0) && w.size(1) > 0 &&
-                  x.size(1) % w.size(1) == 0,
-              op, ": argument `w` must be (B, G) with B = ", x.size(0),
-              " and G dividing C = ", x.size(1), ", got ", w.sizes());
-  TORCH_CHECK(z.sizes() == w.sizes(), op, ": argument `z` must have the shape ",
-              "of `w` ", w.sizes(), ", got ", z.sizes());
-  TORCH_CHECK(at::isFloatingType(x.scalar_type()), op,
-              ": argument `x` must be floating point, got ", x.scalar_type());
-  check_same_device_dtype(w, "w", x, "x", op);
-  check_same_device_dtype(z, "z", x, "x", op);
-}
-
-void check_like(const char* op, const at::Tensor& t, const char* name,
-                const at::Tensor& ref, const char* ref_name) {
-  check_contiguous(t, op, name);
-  check_same_device_dtype(t, name, ref, ref_name, op);
-  TORCH_CHECK(t.sizes() == ref.sizes(), op, ": argument `", name,
-              "` must have the shape of `", ref_name, "` ", ref.sizes(),
-              ", got ", t.sizes());
-}
-}  // namespace
-
 void kcla_state_forward(const at::Tensor x, const c10::optional<at::Tensor> u,
                         const at::Tensor w, const at::Tensor z,
                         at::Tensor u_next, at::Tensor agg, double eps) {
-  check_state_args(kForward, x, w, z);
-  at::Tensor u_t = u.value_or(at::Tensor());
-  if (u_t.defined()) check_like(kForward, u_t, "u", x, "x");
-  check_like(kForward, u_next, "u_next", x, "x");
-  check_like(kForward, agg, "agg", x, "x");
+  FeatureArgChecker ck("kcla_state_forward", x, w, /*any_float=*/true);
+  const at::Tensor u_t = u.value_or(at::Tensor());
+  ck.map(u_t, "u");
+  ck.heads(z, "z");
+  ck.map(u_next, "u_next");
+  ck.map(agg, "agg");
   kcla_state_forward_impl(x, u_t, w, z, u_next, agg, eps);
 }
 
@@ -71,15 +38,16 @@ void kcla_state_backward(const at::Tensor grad_u_next,
                          const at::Tensor agg, at::Tensor grad_x,
                          const c10::optional<at::Tensor> grad_u,
                          at::Tensor grad_w, at::Tensor grad_z, double eps) {
-  check_state_args(kBackward, x, w, z);
-  check_like(kBackward, grad_u_next, "grad_u_next", x, "x");
-  check_like(kBackward, grad_agg, "grad_agg", x, "x");
-  check_like(kBackward, agg, "agg", x, "x");
-  check_like(kBackward, grad_x, "grad_x", x, "x");
-  at::Tensor grad_u_t = grad_u.value_or(at::Tensor());
-  if (grad_u_t.defined()) check_like(kBackward, grad_u_t, "grad_u", x, "x");
-  check_like(kBackward, grad_w, "grad_w", w, "w");
-  check_like(kBackward, grad_z, "grad_z", w, "w");
+  FeatureArgChecker ck("kcla_state_backward", x, w, /*any_float=*/true);
+  ck.heads(z, "z");
+  ck.map(grad_u_next, "grad_u_next");
+  ck.map(grad_agg, "grad_agg");
+  ck.map(agg, "agg");
+  ck.map(grad_x, "grad_x");
+  const at::Tensor grad_u_t = grad_u.value_or(at::Tensor());
+  ck.map(grad_u_t, "grad_u");
+  ck.heads(grad_w, "grad_w");
+  ck.heads(grad_z, "grad_z");
   kcla_state_backward_impl(grad_u_next, grad_agg, x, w, z, agg, grad_x,
                            grad_u_t, grad_w, grad_z, eps);
 }

@@ -8,6 +8,7 @@
 
 #include "kcla_branch_impl.hpp"
 #include "kcla_plane.hpp"
+#include "pytorch_cpp_helper.hpp"
 #include "pytorch_device_registry.hpp"
 
 namespace {
@@ -21,11 +22,6 @@ struct Dims {
     return (plane / C) * G + (plane % C) / d;
   }
 };
-
-template <typename T>
-T* maybe_ptr(const at::Tensor& t) {  // nullptr for an undefined tensor
-  return t.defined() ? t.data_ptr<T>() : nullptr;
-}
 
 // u_next = u + w x, and u_next / (z + eps) into the padded plane.
 template <typename T>
@@ -70,7 +66,7 @@ void forward_kernel(const at::Tensor& x, const at::Tensor& u,
                     const at::Tensor& gate, const at::Tensor& weight,
                     at::Tensor& u_next, at::Tensor& o, double eps) {
   const Dims dm(x, w);
-  const T *px = x.data_ptr<T>(), *pu = maybe_ptr<T>(u);
+  const T *px = x.data_ptr<T>(), *pu = data_ptr_or_null<T>(u);
   const T *pw = w.data_ptr<T>(), *pz = z.data_ptr<T>();
   const T *pg = gate.data_ptr<T>(), *pk = weight.data_ptr<T>();
   T *pun = u_next.data_ptr<T>(), *po = o.data_ptr<T>();
@@ -201,7 +197,7 @@ void backward_kernel(const at::Tensor& grad_o, const at::Tensor& alpha,
   const T *pun = u_next.data_ptr<T>(), *pw = w.data_ptr<T>();
   const T *pz = z.data_ptr<T>(), *pg = gate.data_ptr<T>();
   const T* pk = weight.data_ptr<T>();
-  T *pgx = grad_x.data_ptr<T>(), *pgu = maybe_ptr<T>(grad_u);
+  T *pgx = grad_x.data_ptr<T>(), *pgu = data_ptr_or_null<T>(grad_u);
   at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
     PaddedPlane<T> agg(dm.H, dm.W), g_conv(dm.H, dm.W);
     std::vector<T> g_flat(dm.H * agg.Wp, T(0));  // g_conv, H x Wp layout
@@ -277,7 +273,7 @@ void inference_kernel(const at::Tensor& x, const at::Tensor& u,
                       const at::Tensor& scale, const at::Tensor& shift,
                       at::Tensor& u_next, at::Tensor& out, double eps) {
   const Dims dm(x, w);
-  const T *px = x.data_ptr<T>(), *pu = maybe_ptr<T>(u);
+  const T *px = x.data_ptr<T>(), *pu = data_ptr_or_null<T>(u);
   const T *pw = w.data_ptr<T>(), *pz = z.data_ptr<T>();
   const T *pg = gate.data_ptr<T>(), *pk = weight.data_ptr<T>();
   const T *ps = scale.data_ptr<T>(), *pb = shift.data_ptr<T>();

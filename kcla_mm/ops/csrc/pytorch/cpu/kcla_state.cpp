@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include "kcla_state_impl.hpp"
+#include "pytorch_cpp_helper.hpp"
 #include "pytorch_device_registry.hpp"
 
 namespace {
@@ -61,16 +62,6 @@ void state_backward_cpu_kernel(const scalar_t* grad_u_next,
   });
 }
 
-template <typename scalar_t>
-const scalar_t* ptr_or_null(const at::Tensor& t) {
-  return t.defined() ? t.data_ptr<scalar_t>() : nullptr;
-}
-
-template <typename scalar_t>
-scalar_t* mutable_ptr_or_null(at::Tensor& t) {
-  return t.defined() ? t.data_ptr<scalar_t>() : nullptr;
-}
-
 }  // namespace
 
 void kcla_state_forward_cpu(const at::Tensor x, const at::Tensor u,
@@ -82,7 +73,7 @@ void kcla_state_forward_cpu(const at::Tensor x, const at::Tensor u,
       at::ScalarType::Half, at::ScalarType::BFloat16, x.scalar_type(),
       "kcla_state_forward_cpu", [&] {
         state_forward_cpu_kernel<scalar_t>(
-            x.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(u),
+            x.data_ptr<scalar_t>(), data_ptr_or_null<scalar_t>(u),
             w.data_ptr<scalar_t>(), z.data_ptr<scalar_t>(),
             u_next.data_ptr<scalar_t>(), agg.data_ptr<scalar_t>(), chunks,
             length, eps);
@@ -104,7 +95,7 @@ void kcla_state_backward_cpu(const at::Tensor grad_u_next,
             grad_u_next.data_ptr<scalar_t>(), grad_agg.data_ptr<scalar_t>(),
             x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
             z.data_ptr<scalar_t>(), agg.data_ptr<scalar_t>(),
-            grad_x.data_ptr<scalar_t>(), mutable_ptr_or_null<scalar_t>(grad_u),
+            grad_x.data_ptr<scalar_t>(), data_ptr_or_null<scalar_t>(grad_u),
             grad_w.data_ptr<scalar_t>(), grad_z.data_ptr<scalar_t>(), chunks,
             length, eps);
       });

@@ -6,17 +6,7 @@
 
 #include "kcla_state_cuda_kernel.cuh"
 #include "kcla_state_impl.hpp"
-
-namespace {
-template <typename scalar_t>
-const scalar_t* ptr_or_null(const at::Tensor& t) {
-  return t.defined() ? t.data_ptr<scalar_t>() : nullptr;
-}
-template <typename scalar_t>
-scalar_t* mutable_ptr_or_null(at::Tensor& t) {
-  return t.defined() ? t.data_ptr<scalar_t>() : nullptr;
-}
-}  // namespace
+#include "pytorch_cpp_helper.hpp"
 
 void kcla_state_forward_cuda(const at::Tensor x, const at::Tensor u,
                              const at::Tensor w, const at::Tensor z,
@@ -34,7 +24,7 @@ void kcla_state_forward_cuda(const at::Tensor x, const at::Tensor u,
         kcla_state_forward_cuda_kernel<scalar_t>
             <<<blocks, KCLA_THREADS, 0, stream>>>(
                 total, length, x.data_ptr<scalar_t>(),
-                ptr_or_null<scalar_t>(u), w.data_ptr<scalar_t>(),
+                data_ptr_or_null<scalar_t>(u), w.data_ptr<scalar_t>(),
                 z.data_ptr<scalar_t>(), u_next.data_ptr<scalar_t>(),
                 agg.data_ptr<scalar_t>(), static_cast<float>(eps));
       });
@@ -61,7 +51,7 @@ void kcla_state_backward_cuda(const at::Tensor grad_u_next,
                 grad_agg.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
                 w.data_ptr<scalar_t>(), z.data_ptr<scalar_t>(),
                 agg.data_ptr<scalar_t>(), grad_x.data_ptr<scalar_t>(),
-                mutable_ptr_or_null<scalar_t>(grad_u),
+                data_ptr_or_null<scalar_t>(grad_u),
                 grad_w.data_ptr<scalar_t>(), grad_z.data_ptr<scalar_t>(),
                 static_cast<float>(eps));
       });
