@@ -195,7 +195,7 @@ def _state_tensors(state):
     if hasattr(state, 'keys') and hasattr(state, 'values') and \
             isinstance(state.keys, list):
         return state.keys + state.values
-    return list(state)
+    return [t for t in state if isinstance(t, torch.Tensor)]  # (u, z)
 
 
 def main(argv=None):

@@ -118,19 +118,21 @@ void bn_relu_add_forward_kernel(const at::Tensor& o, const at::Tensor& x,
   at::parallel_for(0, B * C, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const T sc = ps[p % C], sh = pb[p % C], kp = pk[p / C];
-      const int64_t off = p * HW;
-      for (int64_t i = 0; i < HW; ++i) {
-        pout[off + i] = px[off + i] + kp * std::max(sc * po[off + i] + sh, T(0));
-      }
       uint8_t* bits = pmask + p * bytes;
-      for (int64_t j = 0; j < bytes; ++j) {
+      // one byte of the mask per 8 positions; full groups unroll
+      auto group = [&](int64_t i0, int64_t n) {
         uint8_t byte = 0;
-        const int64_t n = std::min<int64_t>(8, HW - 8 * j);
         for (int64_t k = 0; k < n; ++k) {
-          byte |= uint8_t(sc * po[off + 8 * j + k] + sh > T(0)) << k;
+          const int64_t i = p * HW + i0 + k;
+          const T y = sc * po[i] + sh;
+          pout[i] = px[i] + kp * std::max(y, T(0));
+          byte |= uint8_t(y > T(0)) << k;
         }
-        bits[j] = byte;
-      }
+        return byte;
+      };
+      const int64_t full = HW / 8;
+      for (int64_t j = 0; j < full; ++j) bits[j] = group(8 * j, 8);
+      if (full < bytes) bits[full] = group(8 * full, HW - 8 * full);
     }
   });
 }
@@ -159,13 +161,18 @@ void bn_relu_add_backward_kernel(const at::Tensor& grad_out,
         const T kp = pk[b];
         const int64_t off = (b * C + c) * HW;
         const uint8_t* bits = pmask + (b * C + c) * bytes;
-        for (int64_t i = 0; i < HW; ++i) {
-          const T active = T((bits[i >> 3] >> (i & 7)) & 1);
-          const T gn = pgo[off + i] * kp * active;
-          pgrad[off + i] = gn * sc;
-          sg += gn;
-          sgc += acc_t(gn) * acc_t(po[off + i] - mu);
-        }
+        auto group = [&](int64_t i0, int64_t n, uint8_t byte) {
+          for (int64_t k = 0; k < n; ++k) {
+            const int64_t i = off + i0 + k;
+            const T gn = pgo[i] * kp * T((byte >> k) & 1);
+            pgrad[i] = gn * sc;
+            sg += gn;
+            sgc += acc_t(gn) * acc_t(po[i] - mu);
+          }
+        };
+        const int64_t full = HW / 8;
+        for (int64_t j = 0; j < full; ++j) group(8 * j, 8, bits[j]);
+        if (full < bytes) group(8 * full, HW - 8 * full, bits[full]);
       }
       psg[c] = T(sg);
       psgc[c] = T(sgc);
