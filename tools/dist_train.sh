@@ -5,8 +5,9 @@
 #   tools/dist_train.sh CONFIG NPROC [train.py options, e.g. --work-dir DIR]
 #
 # Environment: PYTHON (default: python), NNODES, NODE_RANK, MASTER_ADDR, PORT.
-# Without a GPU the processes train on CPU: gloo backend and DDP without
-# device_ids (kcla_mm's compat shim lets mmengine's launcher start).
+# Without a GPU the processes train on CPU: kcla_mm's compat shim lets
+# mmengine's launcher start and picks gloo; this script adds DDP without
+# device_ids.
 set -euo pipefail
 
 if [ $# -lt 2 ]; then
@@ -29,8 +30,7 @@ TRAIN=$("$PYTHON" -c "import os, $CODEBASE as m; print(os.path.join(os.path.dirn
 
 CPU_OPTIONS=()
 if ! "$PYTHON" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
-  CPU_OPTIONS=(--cfg-options env_cfg.dist_cfg.backend=gloo
-    model_wrapper_cfg.type=MMDistributedDataParallel
+  CPU_OPTIONS=(--cfg-options model_wrapper_cfg.type=MMDistributedDataParallel
     model_wrapper_cfg.device_ids=None
     model_wrapper_cfg.broadcast_buffers=False
     model_wrapper_cfg.find_unused_parameters=False)

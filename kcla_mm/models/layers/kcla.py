@@ -288,7 +288,8 @@ class KCLALayer(BaseModule):
 
     def _fused_branch(self, x: Tensor, u: Optional[Tensor], weight: Tensor,
                       z: Tensor, gate: Tensor,
-                      tape_in: Optional[StateTape]) -> KCLAState:
+                      tape_in: Optional[StateTape]
+                      ) -> Tuple[Tensor, KCLAState]:
         """(X + Y, state) through ``kcla_mm._ext``; in no-grad eval mode the
         incoming U is updated in place."""
         if not torch.is_grad_enabled() and not self.norm.training:

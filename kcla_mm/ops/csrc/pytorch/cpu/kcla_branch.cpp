@@ -103,6 +103,16 @@ void recompute_kernel(const at::Tensor& u_next, const at::Tensor& z,
   });
 }
 
+// Calls fn(byte, first, count) for each byte of a plane's ReLU mask (bit k
+// of byte j is position 8 * j + k); full bytes pass count 8, so their loops
+// unroll once inlined.
+template <typename Fn>
+inline void for_each_mask_byte(int64_t hw, Fn&& fn) {
+  const int64_t full = hw / 8;
+  for (int64_t j = 0; j < full; ++j) fn(j, 8 * j, int64_t(8));
+  if (8 * full < hw) fn(full, 8 * full, hw - 8 * full);
+}
+
 template <typename T>
 void bn_relu_add_forward_kernel(const at::Tensor& o, const at::Tensor& x,
                                 const at::Tensor& scale,
@@ -119,8 +129,7 @@ void bn_relu_add_forward_kernel(const at::Tensor& o, const at::Tensor& x,
     for (int64_t p = begin; p < end; ++p) {
       const T sc = ps[p % C], sh = pb[p % C], kp = pk[p / C];
       uint8_t* bits = pmask + p * bytes;
-      // one byte of the mask per 8 positions; full groups unroll
-      auto group = [&](int64_t i0, int64_t n) {
+      for_each_mask_byte(HW, [&](int64_t j, int64_t i0, int64_t n) {
         uint8_t byte = 0;
         for (int64_t k = 0; k < n; ++k) {
           const int64_t i = p * HW + i0 + k;
@@ -128,11 +137,8 @@ void bn_relu_add_forward_kernel(const at::Tensor& o, const at::Tensor& x,
           pout[i] = px[i] + kp * std::max(y, T(0));
           byte |= uint8_t(y > T(0)) << k;
         }
-        return byte;
-      };
-      const int64_t full = HW / 8;
-      for (int64_t j = 0; j < full; ++j) bits[j] = group(8 * j, 8);
-      if (full < bytes) bits[full] = group(8 * full, HW - 8 * full);
+        bits[j] = byte;
+      });
     }
   });
 }
@@ -161,18 +167,15 @@ void bn_relu_add_backward_kernel(const at::Tensor& grad_out,
         const T kp = pk[b];
         const int64_t off = (b * C + c) * HW;
         const uint8_t* bits = pmask + (b * C + c) * bytes;
-        auto group = [&](int64_t i0, int64_t n, uint8_t byte) {
+        for_each_mask_byte(HW, [&](int64_t j, int64_t i0, int64_t n) {
           for (int64_t k = 0; k < n; ++k) {
             const int64_t i = off + i0 + k;
-            const T gn = pgo[i] * kp * T((byte >> k) & 1);
+            const T gn = pgo[i] * kp * T((bits[j] >> k) & 1);
             pgrad[i] = gn * sc;
             sg += gn;
             sgc += acc_t(gn) * acc_t(po[i] - mu);
           }
-        };
-        const int64_t full = HW / 8;
-        for (int64_t j = 0; j < full; ++j) group(8 * j, 8, bits[j]);
-        if (full < bytes) group(8 * full, HW - 8 * full, bits[full]);
+        });
       }
       psg[c] = T(sg);
       psgc[c] = T(sgc);
