@@ -4,13 +4,16 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-fast
+.PHONY: setup demo demo-seg test test-fast
 
 setup:
 	PYTHON=$(PYTHON) bash tools/setup_env.sh
 
 demo: setup
 	$(PY) tools/demo.py
+
+demo-seg: setup
+	$(PY) tools/seg_demo.py
 
 test: setup
 	$(PY) -m pytest tests -ra

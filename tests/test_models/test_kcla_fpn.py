@@ -3,7 +3,7 @@ import pytest
 import torch
 from mmdet.models.necks import FPN
 
-from kcla_mm.models.necks import KCLAFPN
+from kcla_mm.models.necks.kcla_fpn import KCLAFPN
 from .naive_kcla import naive_kcla, randomise
 
 IN_CHANNELS = [8, 16, 32, 64]

@@ -33,3 +33,50 @@ def data_options(root: str) -> list:
                 f'val_evaluator.ann_file={ann}',
                 f'test_evaluator.ann_file={ann}'
             ]
+
+
+def mmseg_tool(name: str) -> str:
+    """Path of mmseg's own tools/<name> in its wheel."""
+    import mmseg
+    return osp.join(osp.dirname(mmseg.__file__), '.mim', 'tools', name)
+
+
+def make_synthetic_lesion_dataset(root, layout: str, counts: list,
+                                  img_size: int = 64) -> str:
+    """A synthetic raw download of ``layout`` converted by its converter.
+
+    ``counts``: make_synthetic_lesions.py's size options, e.g.
+    ``['--num', '10']``. Returns the mmseg-layout root, ending in '/'.
+    """
+    converters = osp.join(ROOT, 'tools', 'dataset_converters')
+    raw, out = f'{root}/raw_{layout}', f'{root}/{layout}'
+    subprocess.run([
+        sys.executable, osp.join(converters, 'make_synthetic_lesions.py'), raw,
+        '--layout', layout, '--img-size', str(img_size), *counts
+    ], check=True, capture_output=True)
+    converter = 'kvasir_seg.py' if layout == 'kvasir' else f'{layout}.py'
+    subprocess.run(
+        [sys.executable, osp.join(converters, converter), raw, out],
+        check=True, capture_output=True)
+    return out + '/'
+
+
+def seg_short_run_options(root: str) -> list:
+    """--cfg-options for a one-epoch run of a segmentation config on a small
+    dataset at ``root``: data roots, 64x64 input, batch 2, no worker
+    processes."""
+    options = []
+    for split in ('train', 'val', 'test'):
+        loader = f'{split}_dataloader'
+        options += [f'{loader}.dataset.data_root={root}',
+                    f'{loader}.num_workers=0',
+                    f'{loader}.persistent_workers=False']
+    # 64x64 instead of the configs' 256x256 (the Resize steps' scale)
+    options += ['model.data_preprocessor.size=(64,64)',
+                'train_dataloader.dataset.pipeline.2.scale=(64,64)'] + [
+        f'{split}_dataloader.dataset.pipeline.1.scale=(64,64)'
+        for split in ('val', 'test')]
+    return options + ['train_dataloader.batch_size=2',
+                      'train_cfg.max_epochs=1', 'train_cfg.val_interval=1',
+                      'default_hooks.checkpoint.interval=1',
+                      'randomness.seed=0']

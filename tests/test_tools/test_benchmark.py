@@ -23,3 +23,32 @@ def test_depth_section_state_sizes():
     assert 784 <= kcla_state[0] < 785
     # LA: one key and one value per layer
     assert [s / la_state[0] for s in la_state] == [1, 2, 4, 8]
+
+
+def test_external_attention_section_memory_scaling(tmp_path):
+    """(e): ExternalAttention's attention map and saved activations grow
+    linearly in N = H * W, NonLocal2d's map quadratically (sizes only)."""
+    plot = tmp_path / 'ea.png'
+    result = subprocess.run(
+        [sys.executable, 'tools/analysis/benchmark_kcla.py', '--sections',
+         'e', '--runs', '1', '--warmup', '0', '--ea-sizes', '16', '32', '64',
+         '--ea-plot', str(plot)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {}
+    for line in result.stdout.splitlines():
+        cells = line.replace('|', ' ').split()
+        if cells and cells[0] in ('16x16', '32x32', '64x64'):
+            rows[int(cells[1])] = [float(c) for c in cells[2:]]
+    assert sorted(rows) == [256, 1024, 4096]
+    # columns: EA ms, NL ms, NL/EA, EA map KiB, NL map KiB, EA peak,
+    # NL peak, NL/EA, EA saved, NL saved, NL/EA
+    for n, r in rows.items():
+        assert r[3] == 64 * n * 4 / 1024  # (1, 1 head, 64 slots, N) float32
+        assert r[4] == n * n * 4 / 1024  # (1, N, N) float32
+    ea_saved = [rows[n][8] for n in (256, 1024, 4096)]
+    nl_saved = [rows[n][9] for n in (256, 1024, 4096)]
+    assert 3.8 < ea_saved[2] / ea_saved[1] < 4.2  # x4 positions: x4
+    assert nl_saved[2] / nl_saved[1] > 8  # dominated by the N x N map
+    assert rows[4096][6] > 4 * rows[4096][5]  # peak: NonLocal2d >> EA
+    assert plot.stat().st_size > 0

@@ -8,23 +8,36 @@ Prints, for one run on this machine, side by side and as ratios:
   (c) the fused KCLA layer vs its PyTorch reference path, forward +
       backward of one layer at each ResNet-50 stage size (batch 4);
   (d) time and state memory of a stack of 8/16/32/64 layers for KCLA,
-      standard layer attention and MRLA-light.
+      standard layer attention and MRLA-light;
+  (e) ExternalAttention vs mmcv's NonLocal2d (embedded Gaussian), one
+      module at 256 channels, batch 1, at --ea-sizes (32 to 128 square):
+      forward + backward time, attention-map size, peak memory of the step
+      and activation memory saved for backward, with a PNG plot at
+      --ea-plot.
 Times are medians of --runs runs after --warmup runs, with torch's thread
 count pinned to --threads.
 
 Example:
     .venv/bin/python tools/analysis/benchmark_kcla.py --threads 2
+    .venv/bin/python tools/analysis/benchmark_kcla.py --sections e \
+        --runs 3 --warmup 1 --ea-plot work_dirs/benchmark/ea.png
 """
 import argparse
+import os
+import os.path as osp
 import statistics
 import time
-from typing import Callable, Dict
+from typing import Callable, Dict, Sequence
 
 import torch
 import torch.nn as nn
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from kcla_mm.models import ResNetKCLA
-from kcla_mm.models.layers import KCLALayer, LayerAttention, MRLALight
+from kcla_mm.models.layers import (ExternalAttention, KCLALayer,
+                                   LayerAttention, MRLALight)
 
 STAGES_R50 = ((256, 56), (512, 28), (1024, 14), (2048, 7))
 
@@ -34,9 +47,15 @@ def parse_args(argv=None):
     parser.add_argument('--threads', type=int, default=2)
     parser.add_argument('--runs', type=int, default=5)
     parser.add_argument('--warmup', type=int, default=2)
-    parser.add_argument('--sections', default='abcd',
+    parser.add_argument('--sections', default='abcde',
                         help='which sections to run, e.g. "ab"')
     parser.add_argument('--device', default='cpu')
+    parser.add_argument('--ea-sizes', type=int, nargs='+',
+                        default=[32, 64, 96, 128],
+                        help='(e): square feature-map sizes')
+    parser.add_argument('--ea-plot',
+                        default='work_dirs/benchmark/ea_vs_nonlocal.png',
+                        help='(e): where to write the PNG plot')
     return parser.parse_args(argv)
 
 
@@ -72,6 +91,40 @@ def saved_activation_bytes(model: nn.Module, x: torch.Tensor) -> int:
         outs = model(x)
     del outs
     return sum(storages.values())
+
+
+class PeakMemory(TorchDispatchMode):
+    """Peak bytes of the tensor storages created by ops inside the mode.
+
+    Counts every op's outputs (backward ops included) while they are alive,
+    on any device; storages that existed before entering are not counted.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: Dict[int, tuple] = {}
+        self.current = 0
+        self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for key in [k for k, (ref, _) in self.live.items() if ref.expired()]:
+            self.current -= self.live.pop(key)[1]
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                ref = StorageWeakRef(t.untyped_storage())
+                if ref.cdata not in self.live:
+                    self.live[ref.cdata] = (ref, t.untyped_storage().nbytes())
+                    self.current += self.live[ref.cdata][1]
+        self.peak = max(self.peak, self.current)
+        return out
+
+
+def peak_bytes(fn: Callable[[], None]) -> int:
+    """Peak bytes of the tensors ``fn`` creates (see PeakMemory)."""
+    with PeakMemory() as tracker:
+        fn()
+    return tracker.peak
 
 
 def build_pair(device):
@@ -189,6 +242,94 @@ def section_d(args):
         print(f'  {depth:>5} ' + ''.join(cells))
 
 
+EA_CHANNELS = 256
+
+
+def build_ea_nonlocal(device: str):
+    """ExternalAttention (64 slots, 1 head, BN) and NonLocal2d (embedded
+    Gaussian, reduction 2, BN), both at 256 channels, training mode."""
+    from mmcv.cnn import NonLocal2d
+    torch.manual_seed(0)
+    ea = ExternalAttention(EA_CHANNELS).to(device).train()
+    nonlocal_block = NonLocal2d(
+        EA_CHANNELS,
+        reduction=2,
+        use_scale=True,
+        norm_cfg=dict(type='BN'),
+        mode='embedded_gaussian').to(device).train()
+    return ea, nonlocal_block
+
+
+def module_step(module: nn.Module, x: torch.Tensor) -> Callable[[], None]:
+    def step():
+        module(x).sum().backward()
+        module.zero_grad(set_to_none=True)
+        x.grad = None
+    return step
+
+
+def section_e(args) -> None:
+    print('(e) ExternalAttention (64 slots) vs NonLocal2d (embedded '
+          f'Gaussian), {EA_CHANNELS} channels, batch 1, forward + backward')
+    print(f'  {"size":>7} {"N":>6} |{"EA ms":>9}{"NL ms":>10}{"NL/EA":>7} |'
+          f'{"EA map":>8}{"NL map":>9} |{"EA peak":>9}{"NL peak":>9}'
+          f'{"NL/EA":>7} |{"EA saved":>9}{"NL saved":>9}{"NL/EA":>7}')
+    print(f'  {"":>7} {"":>6} |{"":>26} |{"KiB":>8}{"KiB":>9} |'
+          f'{"MiB":>9}{"MiB":>9}{"":>7} |{"MiB":>9}{"MiB":>9}')
+    ea, nonlocal_block = build_ea_nonlocal(args.device)
+    results = []
+    for size in args.ea_sizes:
+        n = size * size
+        x = torch.rand(1, EA_CHANNELS, size, size, device=args.device,
+                       requires_grad=True)
+        r = dict(n=n)
+        for key, module in (('ea', ea), ('nl', nonlocal_block)):
+            step = module_step(module, x)
+            r[f'{key}_ms'] = median_time(step, args.runs, args.warmup,
+                                         args.device) * 1e3
+            r[f'{key}_peak'] = peak_bytes(step) / 2**20
+            r[f'{key}_saved'] = saved_activation_bytes(module, x) / 2**20
+        with torch.no_grad():
+            r['ea_map'] = ea.attention_map(x).numel() * 4 // 1024
+        r['nl_map'] = n * n * 4 // 1024  # (B, N, N) float32 pairwise weight
+        print(f'  {f"{size}x{size}":>7} {n:>6} |{r["ea_ms"]:>9.1f}'
+              f'{r["nl_ms"]:>10.1f}{r["nl_ms"] / r["ea_ms"]:>7.1f} |'
+              f'{r["ea_map"]:>8}{r["nl_map"]:>9} |{r["ea_peak"]:>9.1f}'
+              f'{r["nl_peak"]:>9.1f}{r["nl_peak"] / r["ea_peak"]:>7.1f} |'
+              f'{r["ea_saved"]:>9.1f}{r["nl_saved"]:>9.1f}'
+              f'{r["nl_saved"] / r["ea_saved"]:>7.1f}')
+        results.append(r)
+    plot_section_e(results, args.ea_plot)
+    print(f'  plot: {args.ea_plot}')
+
+
+def plot_section_e(results: Sequence[dict], path: str) -> None:
+    """Time and peak memory against N, log-log, EA vs NonLocal2d."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    n = [r['n'] for r in results]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, label in ((axes[0], 'ms', 'forward + backward (ms)'),
+                           (axes[1], 'peak', 'peak memory (MiB)')):
+        for module, name in (('ea', 'ExternalAttention'),
+                             ('nl', 'NonLocal2d')):
+            ax.plot(n, [r[f'{module}_{key}'] for r in results], 'o-',
+                    label=name)
+        ax.set_xscale('log')
+        ax.set_yscale('log')
+        ax.set_xlabel('positions N = H x W')
+        ax.set_ylabel(label)
+        ax.grid(True, which='both', alpha=0.3)
+        ax.legend()
+    fig.suptitle(f'{EA_CHANNELS} channels, batch 1, threads '
+                 f'{torch.get_num_threads()}')
+    fig.tight_layout()
+    os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def _state_tensors(state):
     if isinstance(state, torch.Tensor):
         return [state]
@@ -207,7 +348,7 @@ def main(argv=None):
           f'after {args.warmup} warm-up; kcla_mm._ext devices: '
           f'{list(ext_device_types())}')
     for key, fn in (('a', section_a), ('b', section_b), ('c', section_c),
-                    ('d', section_d)):
+                    ('d', section_d), ('e', section_e)):
         if key in args.sections:
             fn(args)
 

@@ -43,6 +43,16 @@ class ResNetKCLA(BaseModule):
         stem_channels (int, optional): stem width. Defaults to
             ``base_channels``.
         base_channels (int): width of stage 1's blocks. Defaults to 64.
+        stage_channels (Sequence[int], optional): width (planes, before
+            the block expansion) of each stage. Defaults to
+            ``base_channels * 2**i``.
+        stem_stride (int): stride of the stem's first conv, 1 or 2.
+            Defaults to 2.
+        stem_pool (bool): max-pool (stride 2) after the stem.
+            Defaults to True.
+        with_stem_out (bool): also return the stem output
+            (B, stem_channels, H / stem_stride, W / stem_stride), before the
+            stage outputs (the finest skip of a UNet). Defaults to False.
         num_stages (int): 1 to 4. Defaults to 4.
         strides (Sequence[int]): first-block stride of each stage.
             Defaults to (1, 2, 2, 2).
@@ -109,6 +119,10 @@ class ResNetKCLA(BaseModule):
                  in_channels: int = 3,
                  stem_channels: Optional[int] = None,
                  base_channels: int = 64,
+                 stage_channels: Optional[Sequence[int]] = None,
+                 stem_stride: int = 2,
+                 stem_pool: bool = True,
+                 with_stem_out: bool = False,
                  num_stages: int = 4,
                  strides: Sequence[int] = (1, 2, 2, 2),
                  dilations: Sequence[int] = (1, 1, 1, 1),
@@ -144,6 +158,18 @@ class ResNetKCLA(BaseModule):
                              f'[1, 4], got {num_stages!r}')
         strides = _check_int_seq(strides, 'strides', num_stages, 1)
         dilations = _check_int_seq(dilations, 'dilations', num_stages, 1)
+        if stage_channels is None:
+            stage_channels = [base_channels * 2**i for i in range(num_stages)]
+        stage_channels = _check_int_seq(stage_channels, 'stage_channels',
+                                        num_stages, 1)
+        if stem_stride not in (1, 2):
+            raise ValueError('ResNetKCLA: stem_stride must be 1 or 2, got '
+                             f'{stem_stride!r}')
+        for name, flag in (('stem_pool', stem_pool),
+                           ('with_stem_out', with_stem_out)):
+            if not isinstance(flag, bool):
+                raise TypeError(f'ResNetKCLA: {name} must be a bool, got '
+                                f'{flag!r}')
         if not isinstance(out_indices, (tuple, list)) or not out_indices or \
                 not all(isinstance(i, int) and 0 <= i < num_stages
                         for i in out_indices):
@@ -208,6 +234,10 @@ class ResNetKCLA(BaseModule):
         self.depth = depth
         self.stem_channels = stem_channels or base_channels
         self.base_channels = base_channels
+        self.stage_channels = stage_channels
+        self.stem_stride = stem_stride
+        self.stem_pool = stem_pool
+        self.with_stem_out = with_stem_out
         self.num_stages = num_stages
         self.strides = strides
         self.dilations = dilations
@@ -229,7 +259,7 @@ class ResNetKCLA(BaseModule):
         self.attn_layers = []
         inplanes = self.stem_channels
         for i, num_blocks in enumerate(self.stage_blocks):
-            planes = base_channels * 2**i
+            planes = stage_channels[i]
             res_layer = make_res_layer(
                 block,
                 inplanes,
@@ -282,7 +312,7 @@ class ResNetKCLA(BaseModule):
             mid = stem_channels // 2
             layers = []
             for j, (cin, cout, stride) in enumerate(
-                [(in_channels, mid, 2), (mid, mid, 1),
+                [(in_channels, mid, self.stem_stride), (mid, mid, 1),
                  (mid, stem_channels, 1)]):
                 layers += [
                     build_conv_layer(
@@ -303,14 +333,15 @@ class ResNetKCLA(BaseModule):
                 in_channels,
                 stem_channels,
                 kernel_size=7,
-                stride=2,
+                stride=self.stem_stride,
                 padding=3,
                 bias=False)
             self.norm1_name, norm1 = build_norm_layer(
                 self.norm_cfg, stem_channels, postfix=1)
             self.add_module(self.norm1_name, norm1)
             self.relu = nn.ReLU(inplace=True)
-        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1) \
+            if self.stem_pool else nn.Identity()
 
     @property
     def norm1(self) -> nn.Module:
@@ -430,14 +461,15 @@ class ResNetKCLA(BaseModule):
         return attn(*args)
 
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
-        """(B, in_channels, H, W) -> one (B, C_i, H_i, W_i) per out index."""
+        """(B, in_channels, H, W) -> one (B, C_i, H_i, W_i) per out
+        index (preceded by the stem output if ``with_stem_out``)."""
         self._check_input(x)
         if self.deep_stem:
             x = self.stem(x)
         else:
             x = self.relu(self.norm1(self.conv1(x)))
+        outs = [x] if self.with_stem_out else []
         x = self.maxpool(x)
-        outs = []
         state = None
         for i, layer_name in enumerate(self.res_layers):
             blocks = getattr(self, layer_name)

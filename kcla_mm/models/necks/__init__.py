@@ -1,4 +1,5 @@
-"""Necks built on mmdet's (importing this package requires mmdet)."""
-from .kcla_fpn import KCLAFPN
+"""Neck components. ``kcla_fpn`` (built on mmdet's FPN) is imported only
+where mmdet is, by ``kcla_mm.registration``."""
+from .kcla_decoder import KCLADecoderAttention
 
-__all__ = ['KCLAFPN']
+__all__ = ['KCLADecoderAttention']

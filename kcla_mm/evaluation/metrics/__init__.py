@@ -1,0 +1,3 @@
+from .lesion_metric import LesionMetric
+
+__all__ = ['LesionMetric']
