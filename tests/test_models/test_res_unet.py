@@ -270,3 +270,39 @@ def test_bottleneck_attention_runs_on_the_coarsest_feature():
     torch.testing.assert_close(ours, expected, rtol=0, atol=0)
     with pytest.raises(ValueError, match='bottleneck_attention must be a'):
         build_head(bottleneck_attention=['ExternalAttention'])
+
+
+def test_ea_head_on_the_medical_encoder_as_decode_or_auxiliary_head():
+    import kcla_mm  # noqa: F401
+    from mmengine.registry import DefaultScope
+    from mmengine.structures import PixelData
+    from mmseg.registry import MODELS
+    from mmseg.structures import SegDataSample
+    from mmseg.utils import register_all_modules
+    register_all_modules(init_default_scope=False)
+    ea_head = dict(type='EAHead', in_channels=128, in_index=4, channels=32,
+                   ea_channels=64, num_slots=16, num_classes=2,
+                   norm_cfg=dict(type='BN'))
+    cfg = dict(
+        type='EncoderDecoder',
+        data_preprocessor=dict(type='SegDataPreProcessor'),
+        backbone=dict(type='ResNetKCLA', **SMALL_ENCODER),
+        decode_head=ea_head,
+        auxiliary_head=dict(ea_head, loss_decode=dict(
+            type='CrossEntropyLoss', loss_weight=0.4)),
+        test_cfg=ConfigDict(mode='whole'))
+    torch.manual_seed(0)
+    with DefaultScope.overwrite_default_scope('mmseg'):
+        model = MODELS.build(cfg)
+    model.init_weights()
+    sample = SegDataSample()
+    sample.gt_sem_seg = PixelData(data=(torch.rand(1, 32, 32) > 0.5).long())
+    sample.set_metainfo(dict(img_shape=(32, 32), ori_shape=(32, 32),
+                             pad_shape=(32, 32)))
+    losses = model.loss(torch.randn(2, 3, 32, 32), [sample, sample])
+    assert {'decode.loss_ce', 'aux.loss_ce'} <= set(losses)
+    assert all(torch.isfinite(v) for k, v in losses.items() if 'loss' in k)
+    model.eval()
+    with torch.no_grad():
+        logits = model._forward(torch.randn(1, 3, 32, 32))
+    assert logits.shape == (1, 2, 4, 4)  # the encoder's 1/8 resolution
