@@ -7,16 +7,20 @@ metric only with mmseg).
 """
 from typing import Iterable, List
 
+from mmengine.registry import HOOKS as ROOT_HOOKS
 from mmengine.registry import MODELS as ROOT_MODELS
 from mmengine.registry import Registry
 
+from .engine import TorchRNGStateHook
 from .models import ResNetKCLA
 from .models.layers import ExternalAttention
 
 BACKBONES = (ResNetKCLA, )
 # ResNet block plugins: mmcv's build_plugin_layer looks them up in
-# mmengine's root MODELS (mmdet's and mmseg's registries fall back to it).
+# mmengine's root MODELS (mmdet's and mmseg's registries fall back to it);
+# likewise hooks in the root HOOKS.
 PLUGINS = (ExternalAttention, )
+HOOKS = (TorchRNGStateHook, )
 
 
 def _register(registry: Registry, modules: Iterable[type]) -> None:
@@ -29,6 +33,7 @@ def register_all_modules() -> List[str]:
     """Register kcla_mm's models; return the libraries registered into."""
     registered = []
     _register(ROOT_MODELS, PLUGINS)
+    _register(ROOT_HOOKS, HOOKS)
     registered.append('mmengine')
     try:
         from mmdet.registry import MODELS as MMDET_MODELS

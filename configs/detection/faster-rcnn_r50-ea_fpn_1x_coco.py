@@ -15,6 +15,8 @@
 # this backbone does.
 _base_ = 'mmdet::faster_rcnn/faster-rcnn_r50_fpn_1x_coco.py'
 custom_imports = dict(imports=['kcla_mm'], allow_failed_imports=False)
+# torch's generator in checkpoints: --resume continues exactly
+custom_hooks = [dict(type='TorchRNGStateHook')]
 
 ea_plugins = [
     dict(

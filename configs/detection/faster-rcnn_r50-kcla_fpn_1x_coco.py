@@ -4,6 +4,8 @@
 # torchvision's ImageNet ResNet-50 (the KCLA layers from their own init).
 _base_ = 'mmdet::faster_rcnn/faster-rcnn_r50_fpn_1x_coco.py'
 custom_imports = dict(imports=['kcla_mm'], allow_failed_imports=False)
+# torch's generator in checkpoints: --resume continues exactly
+custom_hooks = [dict(type='TorchRNGStateHook')]
 
 model = dict(
     backbone=dict(

@@ -1,8 +1,11 @@
 """KCLALayer against a deliberately naive implementation of the spec."""
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from kcla_mm.models.layers import kcla
 from kcla_mm.models.layers import (KCLALayer, KCLAState, LayerAttention,
                                    eca_kernel_size, softmax_layer_attention)
 from .naive_kcla import EPS, naive_kcla, randomise
@@ -160,27 +163,52 @@ def test_zero_input_gives_finite_output_and_grads():
                if p.grad is not None)
 
 
-@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
-def test_autocast_keeps_state_float32_and_finite_at_clamp(dtype):
-    """23 layers whose key norms all hit the clamp (e^10 each)."""
+@pytest.mark.parametrize('impl', ['torch', 'fused'])
+@pytest.mark.parametrize('half_input', [False, True],
+                         ids=['float32-input', 'autocast-dtype-input'])
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16],
+                         ids=['float16', 'bfloat16'])
+def test_autocast_keeps_state_float32_and_finite_at_clamp(
+        dtype, half_input, impl, monkeypatch):
+    """23 layers (a ResNet-101 stage 3 without its re-anchoring at block 11,
+    which would reset Z) whose key norms all hit the clamp (e^10 each).
+
+    Inputs in float32 take the fused branch kernels where ``impl`` allows;
+    inputs in the autocast dtype (what a block under autocast produces) take
+    the torch branch, with the fused or torch state update."""
+    log_weights = []  # |K_g| * s_g of every call, before the clamp
+    exact = kcla.layer_weights
+
+    def recording(key, norm_d):
+        log_weights.append((key.norm(dim=-1) / norm_d).detach())
+        return exact(key, norm_d)
+
+    monkeypatch.setattr(kcla, 'layer_weights', recording)
     torch.manual_seed(0)
-    layers = [KCLALayer(64, head_dim=16) for _ in range(23)]
+    layers = [KCLALayer(64, head_dim=16, impl=impl) for _ in range(23)]
     for layer in layers:  # positive taps: large features give large keys
         layer.k_conv.weight.data.uniform_(0.3, 1.0)
-    x = (20 + 5 * torch.randn(2, 64, 6, 6)).requires_grad_()
+    x = 20 + 5 * torch.randn(2, 64, 6, 6)
+    x = x.to(dtype if half_input else torch.float32).requires_grad_()
+    assert layers[0]._use_fused_branch(x) == (impl == 'fused'
+                                              and not half_input)
     state = None
     with torch.autocast('cpu', dtype=dtype):
         out = x
         for layer in layers:
-            key = layer.k_conv(out.float().mean((2, 3)).unsqueeze(1))
-            assert (key.view(2, 4, 16).norm(dim=-1) * 0.7).min() > 10
             out, state = layer(out, state)
+    assert len(log_weights) == 23  # one per layer (no adapter here)
+    assert all((lw >= kcla.MAX_LOG_WEIGHT).all() for lw in log_weights)
+    assert out.dtype == x.dtype
     assert state.u.dtype == torch.float32 and state.z.dtype == torch.float32
+    # Z = 23 e^10 ~ 5.1e5, beyond float16's largest value (65504)
+    torch.testing.assert_close(
+        state.z, torch.full_like(state.z, 23 * math.exp(kcla.MAX_LOG_WEIGHT)))
     assert torch.isfinite(out).all() and torch.isfinite(state.u).all()
     out.float().sum().backward()
     assert torch.isfinite(x.grad).all()
-    assert all(torch.isfinite(p.grad).all() for layer in layers
-               for p in layer.parameters() if p.grad is not None)
+    grads = [p.grad for layer in layers for p in layer.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
 
 
 @pytest.mark.parametrize('kwargs,error,message', [

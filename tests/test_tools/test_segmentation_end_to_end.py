@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from .helpers import (ROOT, make_synthetic_lesion_dataset, mmseg_tool,
                       seg_short_run_options)
@@ -45,7 +46,14 @@ def run(cmd):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('config', CONFIGS, ids=osp.basename)
+@pytest.mark.parametrize('config', [
+    pytest.param(
+        c,
+        marks=pytest.mark.skipif(
+            '_amp-' in c and not torch.cuda.is_available(),
+            reason="mmengine's AmpOptimWrapper refuses to build without a "
+            'GPU')) for c in CONFIGS
+], ids=osp.basename)
 def test_config_trains_and_tests_with_mmseg_tools(config, datasets,
                                                   tmp_path):
     options = seg_short_run_options(datasets[dataset_of(config)])

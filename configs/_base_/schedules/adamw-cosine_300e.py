@@ -34,3 +34,5 @@ default_hooks = dict(
     sampler_seed=dict(type='DistSamplerSeedHook'),
     visualization=dict(type='SegVisualizationHook'))
 log_processor = dict(by_epoch=True)
+# torch's generator in checkpoints: --resume continues exactly
+custom_hooks = [dict(type='TorchRNGStateHook')]
