@@ -10,8 +10,12 @@ All three read the mmseg layout written by the converters in
 Label 0 is background, 1 the lesion (polyp for Kvasir-SEG); there is no
 ignored label. Point ``data_prefix`` at one split, e.g.
 ``dict(img_path='img_dir/train', seg_map_path='ann_dir/train')``. A missing
-image folder raises mmseg's ``FileNotFoundError`` naming the folder.
+image folder raises mmseg's ``FileNotFoundError`` naming the folder; a
+folder without an image ending in ``img_suffix`` raises one too.
 """
+import os.path as osp
+from typing import List
+
 from mmseg.datasets.basesegdataset import BaseSegDataset
 
 
@@ -32,11 +36,37 @@ class BinaryLesionDataset(BaseSegDataset):
                  seg_map_suffix: str = '.png',
                  reduce_zero_label: bool = False,
                  **kwargs) -> None:
+        owner = type(self).__name__
+        for name, suffix, example in (('img_suffix', img_suffix, '.jpg'),
+                                      ('seg_map_suffix', seg_map_suffix,
+                                       '.png')):
+            if not isinstance(suffix, str) or not suffix:
+                raise TypeError(f'{owner}: {name} must be a non-empty str '
+                                f'such as {example!r}, got {suffix!r}')
+        if not isinstance(reduce_zero_label, bool):
+            raise TypeError(f'{owner}: reduce_zero_label must be a bool, got '
+                            f'{reduce_zero_label!r}')
         super().__init__(
             img_suffix=img_suffix,
             seg_map_suffix=seg_map_suffix,
             reduce_zero_label=reduce_zero_label,
             **kwargs)
+
+    def load_data_list(self) -> List[dict]:
+        """mmseg's listing; an empty one raises FileNotFoundError naming the
+        folder and ``img_suffix`` (mmengine would fail later, unnamed)."""
+        data_list = super().load_data_list()
+        if not data_list:
+            img_dir = self.data_prefix.get('img_path')
+            where = f'ann_file {self.ann_file} lists no images' if (
+                self.ann_file and not osp.isdir(self.ann_file)) else \
+                f'no file in {img_dir} ends in img_suffix=' \
+                f'{self.img_suffix!r}'
+            raise FileNotFoundError(
+                f'{type(self).__name__}: {where}; expected the layout of '
+                'tools/dataset_converters (img_dir/<split>/<id>.jpg); check '
+                'data_root, data_prefix and img_suffix')
+        return data_list
 
 
 class ISIC2017Dataset(BinaryLesionDataset):

@@ -58,10 +58,12 @@ def kcla_state_update_reference(x: Tensor, u: Optional[Tensor], w: Tensor,
     """Plain-PyTorch state update; same arguments as :func:`kcla_state_update`."""
     b, c, h, wd = x.shape
     g = w.shape[1]
-    wx = (w.view(b, g, 1, 1, 1) * x.view(b, g, c // g, h, wd)).view_as(x)
+    # reshape, not view: x and u may be channels_last or other strided views
+    wx = (w.view(b, g, 1, 1, 1) *
+          x.reshape(b, g, c // g, h, wd)).reshape(b, c, h, wd)
     u_next = wx if u is None else u + wx
-    agg = u_next.view(b, g, -1) / (z.view(b, g, 1) + eps)
-    return u_next, agg.view_as(x)
+    agg = u_next.reshape(b, g, -1) / (z.view(b, g, 1) + eps)
+    return u_next, agg.view(b, c, h, wd)
 
 
 def check_state_inputs(x: Tensor, u: Optional[Tensor], w: Tensor,

@@ -152,11 +152,13 @@ def random_samples(seed: int, num_classes: int):
 @pytest.mark.parametrize('seed', range(5))
 def test_miou_mdice_equal_mmseg_iou_metric(seed, num_classes):
     import kcla_mm  # noqa: F401 (registers LesionMetric)
+    from mmengine.registry import DefaultScope
     from mmseg.evaluation import IoUMetric
     from mmseg.registry import METRICS
 
     meta = dict(classes=('background', 'lesion', 'other')[:num_classes])
-    ours = METRICS.build(dict(type='LesionMetric'))
+    with DefaultScope.overwrite_default_scope('mmseg'):
+        ours = METRICS.build(dict(type='LesionMetric'))
     assert isinstance(ours, LesionMetric)
     theirs = IoUMetric(iou_metrics=['mIoU', 'mDice'])
     samples = random_samples(seed, num_classes)

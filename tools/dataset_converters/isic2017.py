@@ -27,7 +27,8 @@ import contextlib
 import sys
 from typing import Dict
 
-from lesion_seg_utils import ConversionError, RawArchive, pair, write_dataset
+from lesion_seg_utils import (ConversionError, RawArchive, check_out_dir,
+                              pair, write_dataset)
 
 # split -> (images download, masks download)
 DOWNLOADS = {
@@ -65,9 +66,12 @@ def convert(src_dir: str, out_dir: str,
         dict[str, int]: Number of images per split.
 
     Raises:
-        ConversionError: On a missing download or unpaired/unreadable files.
-        FileExistsError: If ``out_dir`` is not empty and not ``overwrite``.
+        ConversionError: On a missing download or unpaired/unreadable files,
+            or an ``out_dir`` that is or holds ``src_dir``.
+        FileExistsError: If ``out_dir`` is not empty and not ``overwrite``
+            (checked before the downloads are read).
     """
+    check_out_dir(src_dir, out_dir, overwrite)
     with contextlib.ExitStack() as stack:
         splits = {}
         for split, (images, masks) in DOWNLOADS.items():

@@ -34,8 +34,8 @@ import contextlib
 import sys
 from typing import Dict
 
-from lesion_seg_utils import (ConversionError, RawArchive, pair, random_split,
-                              write_dataset)
+from lesion_seg_utils import (ConversionError, RawArchive, check_out_dir,
+                              check_seed, pair, random_split, write_dataset)
 
 # split -> (images download, masks download)
 DOWNLOADS = {
@@ -64,7 +64,9 @@ def parse_args(argv=None):
                         help='seed of the random split')
     parser.add_argument('--overwrite', action='store_true',
                         help='replace an existing non-empty out_dir')
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    check_seed(parser, args.seed)
+    return args
 
 
 def convert(src_dir: str, out_dir: str, split: str = 'random', seed: int = 0,
@@ -86,11 +88,14 @@ def convert(src_dir: str, out_dir: str, split: str = 'random', seed: int = 0,
 
     Raises:
         ValueError: If ``split`` is not one of ``SPLIT_MODES``.
-        ConversionError: On a missing download or unpaired/unreadable files.
-        FileExistsError: If ``out_dir`` is not empty and not ``overwrite``.
+        ConversionError: On a missing download or unpaired/unreadable files,
+            or an ``out_dir`` that is or holds ``src_dir``.
+        FileExistsError: If ``out_dir`` is not empty and not ``overwrite``
+            (checked before the downloads are read).
     """
     if split not in SPLIT_MODES:
         raise ValueError(f'split must be one of {SPLIT_MODES}, got {split!r}')
+    check_out_dir(src_dir, out_dir, overwrite)
     used = ('train', ) if split == 'random' else tuple(DOWNLOADS)
     with contextlib.ExitStack() as stack:
         samples = {}

@@ -31,8 +31,8 @@ import argparse
 import sys
 from typing import Dict
 
-from lesion_seg_utils import (ConversionError, RawArchive, pair, random_split,
-                              write_dataset)
+from lesion_seg_utils import (ConversionError, RawArchive, check_out_dir,
+                              check_seed, pair, random_split, write_dataset)
 
 # accepted names of the download: the extracted folder, then the zip file
 DOWNLOAD_NAMES = ('Kvasir-SEG', 'kvasir-seg')
@@ -58,7 +58,9 @@ def parse_args(argv=None):
                         help='seed of the random split')
     parser.add_argument('--overwrite', action='store_true',
                         help='replace an existing non-empty out_dir')
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    check_seed(parser, args.seed)
+    return args
 
 
 def convert(src_dir: str, out_dir: str, split: str = '880-120',
@@ -78,12 +80,15 @@ def convert(src_dir: str, out_dir: str, split: str = '880-120',
 
     Raises:
         ValueError: If ``split`` is not a key of ``SPLITS``.
-        ConversionError: On a missing download or unpaired/unreadable files.
-        FileExistsError: If ``out_dir`` is not empty and not ``overwrite``.
+        ConversionError: On a missing download or unpaired/unreadable files,
+            or an ``out_dir`` that is or holds ``src_dir``.
+        FileExistsError: If ``out_dir`` is not empty and not ``overwrite``
+            (checked before the downloads are read).
     """
     if split not in SPLITS:
         raise ValueError(
             f'split must be one of {tuple(SPLITS)}, got {split!r}')
+    check_out_dir(src_dir, out_dir, overwrite)
     sizes = SPLITS[split]
     total = sum(sizes.values())
     with RawArchive(src_dir, DOWNLOAD_NAMES) as archive:

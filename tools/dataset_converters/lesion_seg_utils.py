@@ -73,7 +73,8 @@ class RawArchive:
         found = [p for p in candidates if osp.isdir(p) or osp.isfile(p)]
         if not found:
             raise ConversionError(
-                f'missing download: none of {", ".join(candidates)} exists')
+                f'missing download in src_dir {root}: none of '
+                f'{", ".join(candidates)} exists')
         self.path = found[0]
         if osp.isdir(self.path):
             members = [
@@ -272,6 +273,32 @@ def write_sample(sample: Sample, img_path: str, mask_path: str) -> None:
     Image.fromarray(mask).save(mask_path, format='PNG')
 
 
+def check_out_dir(src_dir: str, out_dir: str, overwrite: bool) -> None:
+    """Check ``out_dir`` before reading anything: refuse one that is
+    ``src_dir`` or holds it (writing the dataset replaces ``out_dir``,
+    downloads included), and an existing non-empty one without
+    ``overwrite`` (:func:`check_destination`).
+
+    Raises:
+        ConversionError: Naming both folders.
+        FileExistsError: Naming ``out_dir`` and ``--overwrite``.
+    """
+    src, out = osp.realpath(src_dir), osp.realpath(out_dir)
+    if src == out or src.startswith(out.rstrip(os.sep) + os.sep):
+        raise ConversionError(
+            f'out_dir {out_dir} must not be src_dir {src_dir} or a folder '
+            'containing it: the converted dataset replaces out_dir; '
+            'allowed: a folder outside the downloads')
+    check_destination(osp.abspath(out_dir), overwrite)
+
+
+def check_seed(parser, seed: int) -> None:
+    """``parser.error`` (exit code 2) unless ``--seed`` is >= 0, as
+    ``numpy.random.default_rng`` requires."""
+    if seed < 0:
+        parser.error(f'argument --seed: must be an int >= 0, got {seed}')
+
+
 def check_destination(out_dir: str, overwrite: bool) -> None:
     """Refuse an existing non-empty ``out_dir`` unless ``overwrite``.
 
@@ -281,8 +308,8 @@ def check_destination(out_dir: str, overwrite: bool) -> None:
     if osp.lexists(out_dir) and not overwrite and not (
             osp.isdir(out_dir) and not os.listdir(out_dir)):
         raise FileExistsError(
-            f'{out_dir} exists and is not empty; pass --overwrite to '
-            'replace it')
+            f'out_dir {out_dir} exists and is not empty; pass --overwrite '
+            'to replace it')
 
 
 def publish(tmp_dir: str, out_dir: str) -> None:

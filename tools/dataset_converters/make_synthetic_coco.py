@@ -51,6 +51,8 @@ def parse_args(argv=None):
                          f'{getattr(args, name)}')
     if args.img_size < 64:
         parser.error(f'--img-size must be >= 64, got {args.img_size}')
+    if args.seed < 0:  # numpy.random.default_rng's requirement
+        parser.error(f'argument --seed: must be an int >= 0, got {args.seed}')
     return args
 
 
@@ -142,8 +144,8 @@ def make_dataset(out_dir: str, num_train: int = 64, num_val: int = 16,
     """Create the dataset at ``out_dir`` atomically; return its path."""
     out_dir = osp.abspath(out_dir)
     if osp.exists(out_dir) and not overwrite:
-        raise FileExistsError(f'{out_dir} exists; pass --overwrite to '
-                              'replace it')
+        raise FileExistsError(f'out_dir {out_dir} exists; pass --overwrite '
+                              'to replace it')
     parent = osp.dirname(out_dir)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix='.synthetic_coco.', dir=parent)

@@ -40,7 +40,7 @@ from PIL import Image
 
 import isic2017
 import isic2018
-from lesion_seg_utils import check_destination, publish
+from lesion_seg_utils import check_destination, check_seed, publish
 
 LAYOUTS = ('isic2017', 'isic2018', 'kvasir')
 DEFAULT_COUNTS = {
@@ -105,6 +105,7 @@ def parse_args(argv=None):
         parser.error(str(e))
     if args.img_size < 32:
         parser.error(f'--img-size must be >= 32, got {args.img_size}')
+    check_seed(parser, args.seed)
     return args
 
 

@@ -7,6 +7,8 @@ from mmengine.evaluator import BaseMetric
 from mmengine.logging import MMLogger, print_log
 
 DEFAULT_CLASSES = ('background', 'lesion')
+# the devices of mmengine's collect_results
+COLLECT_DEVICES = ('cpu', 'gpu', 'npu')
 
 
 def _ratio(num: torch.Tensor, den: torch.Tensor,
@@ -81,7 +83,7 @@ class LesionMetric(BaseMetric):
         ignore_index (int): Ground-truth label excluded from evaluation.
             Defaults to 255.
         collect_device (str): Device used to collect results across ranks,
-            ``'cpu'`` or ``'gpu'``. Defaults to ``'cpu'``.
+            ``'cpu'``, ``'gpu'`` or ``'npu'``. Defaults to ``'cpu'``.
         prefix (str, optional): Prefix added to the metric names. Defaults
             to None (names as listed above, like mmseg's ``mIoU``).
 
@@ -106,6 +108,14 @@ class LesionMetric(BaseMetric):
                 f'LesionMetric: ignore_index ({ignore_index}) must differ '
                 f'from lesion_index ({lesion_index}): the lesion class would '
                 'never be counted')
+        if collect_device not in COLLECT_DEVICES:
+            raise ValueError(
+                f'LesionMetric: collect_device must be one of '
+                f'{COLLECT_DEVICES}, got {collect_device!r}')
+        if prefix is not None and not isinstance(prefix, str):
+            raise TypeError(
+                'LesionMetric: prefix must be a str (e.g. \'val\') or None, '
+                f'got {prefix!r}')
         super().__init__(collect_device=collect_device, prefix=prefix)
         self.lesion_index = lesion_index
         self.ignore_index = ignore_index

@@ -11,6 +11,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from kcla_mm.ops.kcla_state import IMPLS
 from ..layers import KCLALayer, LayerAttention, MRLALight
+from ..layers.utils import (check_layer_cfg, check_positive_float,
+                            check_positive_int, check_probability,
+                            check_temperature_range)
 from .resnet_blocks import BasicBlock, Bottleneck, make_res_layer
 
 LAYER_ATTENTIONS = ('KCLA', 'LA', 'MRLA-light')
@@ -19,7 +22,8 @@ DEFAULT_HEAD_DIMS = {'KCLA': 64, 'LA': 64, 'MRLA-light': 32}
 
 def _check_int_seq(value, name: str, length: int, lo: int) -> Tuple[int, ...]:
     if not isinstance(value, (tuple, list)) or len(value) != length or \
-            not all(isinstance(v, int) and v >= lo for v in value):
+            not all(isinstance(v, int) and not isinstance(v, bool)
+                    and v >= lo for v in value):
         raise ValueError(f'ResNetKCLA: {name} must be a sequence of '
                          f'{length} ints >= {lo} (one per stage, '
                          f'num_stages={length}), got {value!r}')
@@ -153,9 +157,15 @@ class ResNetKCLA(BaseModule):
         if depth not in self.arch_settings:
             raise ValueError(f'ResNetKCLA: depth must be one of '
                              f'{sorted(self.arch_settings)}, got {depth!r}')
-        if not isinstance(num_stages, int) or not 1 <= num_stages <= 4:
+        if not isinstance(num_stages, int) or isinstance(num_stages, bool) \
+                or not 1 <= num_stages <= 4:
             raise ValueError('ResNetKCLA: num_stages must be an int in '
                              f'[1, 4], got {num_stages!r}')
+        owner = 'ResNetKCLA'
+        check_positive_int(in_channels, 'in_channels', owner)
+        check_positive_int(base_channels, 'base_channels', owner)
+        check_positive_int(stem_channels, 'stem_channels', owner,
+                           optional=True)
         strides = _check_int_seq(strides, 'strides', num_stages, 1)
         dilations = _check_int_seq(dilations, 'dilations', num_stages, 1)
         if stage_channels is None:
@@ -166,7 +176,10 @@ class ResNetKCLA(BaseModule):
             raise ValueError('ResNetKCLA: stem_stride must be 1 or 2, got '
                              f'{stem_stride!r}')
         for name, flag in (('stem_pool', stem_pool),
-                           ('with_stem_out', with_stem_out)):
+                           ('with_stem_out', with_stem_out),
+                           ('deep_stem', deep_stem), ('avg_down', avg_down),
+                           ('norm_eval', norm_eval), ('with_cp', with_cp),
+                           ('zero_init_residual', zero_init_residual)):
             if not isinstance(flag, bool):
                 raise TypeError(f'ResNetKCLA: {name} must be a bool, got '
                                 f'{flag!r}')
@@ -183,9 +196,29 @@ class ResNetKCLA(BaseModule):
                 not -1 <= frozen_stages <= num_stages:
             raise ValueError('ResNetKCLA: frozen_stages must be an int in '
                              f'[-1, {num_stages}], got {frozen_stages!r}')
-        if dcn is not None and len(stage_with_dcn) != num_stages:
-            raise ValueError('ResNetKCLA: stage_with_dcn needs one entry per '
-                             f'stage ({num_stages}), got {stage_with_dcn!r}')
+        check_layer_cfg(conv_cfg, 'conv_cfg', owner, optional=True,
+                        example="dict(type='Conv2d')")
+        check_layer_cfg(norm_cfg, 'norm_cfg', owner)
+        check_layer_cfg(dcn, 'dcn', owner, optional=True,
+                        example="dict(type='DCNv2', deform_groups=1)")
+        # mmdet's ResNet indexes stage_with_dcn by stage; without dcn a
+        # longer sequence (the 4-stage default with num_stages < 4) is fine
+        if not isinstance(stage_with_dcn, (tuple, list)) or not all(
+                isinstance(flag, bool) for flag in stage_with_dcn) or (
+                    len(stage_with_dcn) != num_stages if dcn is not None
+                    else len(stage_with_dcn) < num_stages):
+            raise ValueError('ResNetKCLA: stage_with_dcn needs one bool per '
+                             f'stage (num_stages={num_stages}), got '
+                             f'{stage_with_dcn!r}')
+        if plugins is not None and (
+                not isinstance(plugins, (tuple, list)) or not all(
+                    isinstance(p, dict) and isinstance(p.get('cfg'), dict)
+                    and 'position' in p for p in plugins)):
+            raise ValueError(
+                'ResNetKCLA: plugins must be None or a list of dicts '
+                "dict(cfg=dict(type=...), position='after_conv1'|"
+                "'after_conv2'|'after_conv3'[, stages=...]), got "
+                f'{plugins!r}')
         if layer_attention is not None and \
                 layer_attention not in LAYER_ATTENTIONS:
             raise ValueError('ResNetKCLA: layer_attention must be one of '
@@ -194,6 +227,13 @@ class ResNetKCLA(BaseModule):
         if kcla_impl not in IMPLS:
             raise ValueError(f'ResNetKCLA: kcla_impl must be one of {IMPLS}, '
                              f'got {kcla_impl!r}')
+        # divisibility by head_dim is checked per stage, naming the width
+        check_positive_int(head_dim, 'head_dim', owner, optional=True)
+        check_temperature_range(temperature_range, owner)
+        check_probability(kcla_drop_path, 'kcla_drop_path', owner)
+        check_positive_float(
+            kcla_norm_init, 'kcla_norm_init', owner,
+            why=' (the branch ReLU passes no gradient at 0)')
         if not isinstance(state_init_blocks, (tuple, list)) or \
                 0 not in state_init_blocks or \
                 not all(isinstance(b, int) and b >= 0

@@ -19,7 +19,16 @@ def _build_optional(cfg: Optional[dict], name: str, owner: str,
     if not isinstance(cfg, dict) or 'type' not in cfg:
         raise ValueError(f"{owner}: {name} must be a config dict with a "
                          f"'type', got {cfg!r}")
-    return MODELS.build(dict(cfg, **defaults))
+    if isinstance(cfg['type'], str) and MODELS.get(cfg['type']) is None:
+        raise KeyError(f'{owner}: {name} has type {cfg["type"]!r}, which is '
+                       "not in mmseg's MODELS registry; allowed: a registered "
+                       "module, e.g. 'KCLADecoderAttention' or "
+                       "'ExternalAttention'")
+    try:
+        return MODELS.build(dict(cfg, **defaults))
+    except TypeError as e:  # e.g. an unexpected keyword argument
+        raise TypeError(f'{owner}: {name}={cfg!r} cannot be built: {e}') \
+            from e
 
 
 class ResUNetHead(BaseDecodeHead):
@@ -80,23 +89,26 @@ class ResUNetHead(BaseDecodeHead):
             raise ValueError(f'{owner}: input_transform is always '
                              "'multiple_select'; do not set it")
         if not isinstance(in_channels, (list, tuple)) or \
-                len(in_channels) < 2:
+                len(in_channels) < 2 or not all(
+                    isinstance(c, int) and not isinstance(c, bool) and c > 0
+                    for c in in_channels):
             raise ValueError(f'{owner}: in_channels must be a sequence of at '
-                             f'least 2 ints (encoder features, finest first), '
-                             f'got {in_channels!r}')
+                             f'least 2 positive ints (encoder features, '
+                             f'finest first), got {in_channels!r}')
         if not isinstance(decoder_channels, (list, tuple)) or \
                 len(decoder_channels) != len(in_channels) - 1 or \
-                not all(isinstance(c, int) and c > 0
-                        for c in decoder_channels):
+                not all(isinstance(c, int) and not isinstance(c, bool)
+                        and c > 0 for c in decoder_channels):
             raise ValueError(
                 f'{owner}: decoder_channels must be {len(in_channels) - 1} '
                 f'positive ints (one per decoder stage, len(in_channels) - '
                 f'1), got {decoder_channels!r}')
         if channels != decoder_channels[-1]:
-            raise ValueError(f'{owner}: channels ({channels}) must equal the '
-                             f'last decoder stage, decoder_channels[-1] = '
-                             f'{decoder_channels[-1]}')
-        if not isinstance(num_convs, int) or num_convs < 1:
+            raise ValueError(f'{owner}: channels ({channels!r}) must equal '
+                             f'the last decoder stage, decoder_channels[-1] '
+                             f'= {decoder_channels[-1]}')
+        if not isinstance(num_convs, int) or isinstance(num_convs, bool) \
+                or num_convs < 1:
             raise ValueError(f'{owner}: num_convs must be an int >= 1, got '
                              f'{num_convs!r}')
         super().__init__(

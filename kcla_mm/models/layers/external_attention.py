@@ -37,7 +37,7 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch import Tensor
 
-from .utils import check_feature, state_dtype
+from .utils import check_feature, check_layer_cfg, state_dtype
 
 
 class L1Normalize(nn.Module):
@@ -143,9 +143,10 @@ class ExternalAttention(BaseModule):
                 raise ValueError(f'{owner}: {name} must be a bool, got '
                                  f'{value!r}')
         if not isinstance(eps, (int, float)) or isinstance(eps, bool) \
-                or eps < 0:
+                or not 0 <= eps < math.inf:
             raise ValueError(f'{owner}: eps must be a float >= 0, got '
                              f'{eps!r}')
+        check_layer_cfg(norm_cfg, 'norm_cfg', owner, optional=True)
         self.in_channels = in_channels
         self.num_slots = num_slots
         self.num_heads = num_heads

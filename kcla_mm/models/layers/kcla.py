@@ -4,6 +4,7 @@ Every residual block's output X attends to all earlier block outputs of the
 network through a recurrent state (U, Z) (:class:`KCLAState`), so the cost
 per block is independent of depth.
 """
+import contextlib
 from typing import Optional, Tuple
 
 import torch
@@ -20,8 +21,11 @@ from kcla_mm.ops.kcla_branch import (StateTape, branch_supported,
 from kcla_mm.ops.kcla_state import IMPLS
 from .eca import build_eca_conv, eca_project
 from .state import KCLAState
-from .utils import (check_feature, check_head_dim, check_probability,
-                    log_uniform_temperatures, spatial_check, state_dtype)
+from .utils import (check_bool, check_feature, check_head_dim,
+                    check_layer_cfg, check_positive_float,
+                    check_positive_int, check_probability,
+                    check_temperature_range, log_uniform_temperatures,
+                    spatial_check, state_dtype)
 
 # exp(min(|K| * s, MAX_LOG_WEIGHT)): the authors' clamp of the layer weights.
 MAX_LOG_WEIGHT = 10.0
@@ -200,18 +204,37 @@ class KCLALayer(BaseModule):
                  ]) -> None:
         super().__init__(init_cfg)
         owner = type(self).__name__
+        check_positive_int(channels, 'channels', owner)
         self.channels = channels
         self.num_heads = check_head_dim(channels, head_dim, owner)
         self.head_dim = head_dim
+        check_temperature_range(temperature_range, owner)
         check_probability(drop_path, 'drop_path', owner)
+        check_positive_int(state_in_channels, 'state_in_channels', owner,
+                           optional=True)
+        if state_in_channels is not None and \
+                state_in_channels % self.num_heads:
+            raise ValueError(
+                f'{owner}: state_in_channels={state_in_channels} must be '
+                f'divisible by the {self.num_heads} heads (channels / '
+                f'head_dim = {channels} / {head_dim}); allowed: multiples '
+                f'of {self.num_heads}')
+        check_positive_int(state_stride, 'state_stride', owner)
+        check_bool(state_resize, 'state_resize', owner)
+        if state_resize and state_stride != 1:
+            raise ValueError(f'{owner}: state_resize=True bridges '
+                             'resolutions by resizing; state_stride must be '
+                             f'1 with it, got state_stride={state_stride}')
+        check_layer_cfg(norm_cfg, 'norm_cfg', owner)
+        check_positive_float(
+            norm_init, 'norm_init', owner,
+            why=' (the branch ReLU passes no gradient at 0)')
+        check_positive_float(eps, 'eps', owner, allow_zero=True)
+        check_positive_float(key_eps, 'key_eps', owner,
+                             why=' (the lower bound of |K| in the gate)')
         if impl not in IMPLS:
             raise ValueError(f'{owner}: impl must be one of {IMPLS}, got '
                              f'{impl!r}')
-        if not isinstance(norm_init, (int, float)) or \
-                isinstance(norm_init, bool) or not norm_init > 0:
-            raise ValueError(f'{owner}: norm_init must be a float > 0 (the '
-                             'branch ReLU passes no gradient at 0), got '
-                             f'{norm_init!r}')
         self.norm_init = float(norm_init)
         self.impl = impl
         self.eps = eps
@@ -282,9 +305,12 @@ class KCLALayer(BaseModule):
         return state.u, state.z
 
     def _use_fused_branch(self, x: Tensor) -> bool:
-        """Fused kernels for steps 4-8 (float32 BN layers, extension built)."""
-        return self.impl != 'torch' and x.dtype in (
-            torch.float32, torch.float64) and branch_supported(x, self.norm)
+        """Fused kernels for steps 4-8 (float32 BN layers, extension built;
+        not while torch.jit traces, e.g. FLOP counting or export: the
+        tracer cannot record the extension calls)."""
+        return (self.impl != 'torch' and not torch.jit.is_tracing()
+                and x.dtype in (torch.float32, torch.float64)
+                and branch_supported(x, self.norm))
 
     def _fused_branch(self, x: Tensor, u: Optional[Tensor], weight: Tensor,
                       z: Tensor, gate: Tensor,
@@ -292,12 +318,18 @@ class KCLALayer(BaseModule):
                       ) -> Tuple[Tensor, KCLAState]:
         """(X + Y, state) through ``kcla_mm._ext``; in no-grad eval mode the
         incoming U is updated in place."""
-        if not torch.is_grad_enabled() and not self.norm.training:
+        b, _, h, w = x.shape
+        if self.norm.training or self.norm.running_mean is None:
+            if b * h * w == 1:  # as nn.BatchNorm2d (the torch path) raises
+                raise ValueError(
+                    'Expected more than 1 value per channel when training, '
+                    f'got input size {x.shape} ({type(self).__name__}: its '
+                    'branch BatchNorm uses batch statistics)')
+        elif not torch.is_grad_enabled():
             out, u = kcla_branch_inference(x, u, weight, z, gate,
                                            self.v_conv.weight, self.norm,
                                            self.eps)
             return out, KCLAState(u, z)
-        b = x.shape[0]
         keep = x.new_ones(b)
         drop_prob = getattr(self.drop_path, 'drop_prob', 0.0)
         if self.training and drop_prob > 0:  # mmcv DropPath's masks
@@ -326,7 +358,12 @@ class KCLALayer(BaseModule):
         check_feature(x, self.channels, type(self).__name__)
         b, c, h, w = x.shape
         g = self.num_heads
-        with torch.autocast(device_type=x.device.type, enabled=False):
+        # no autocast on devices without it (e.g. 'meta' for shape runs)
+        no_autocast = torch.autocast(device_type=x.device.type,
+                                     enabled=False) \
+            if torch.amp.is_autocast_available(x.device.type) else \
+            contextlib.nullcontext()
+        with no_autocast:
             dtype = state_dtype(x)
             pooled = x.to(dtype).mean((2, 3))
             query = eca_project(self.q_conv, pooled, g)

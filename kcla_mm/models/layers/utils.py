@@ -1,7 +1,10 @@
 """Argument checks shared by the layer-attention modules."""
+import inspect
+import math
 from typing import Optional
 
 import torch
+from mmengine.registry import MODELS
 from torch import Tensor
 
 
@@ -38,23 +41,84 @@ def check_head_dim(channels: int, head_dim: int, owner: str) -> int:
     return channels // head_dim
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def check_probability(value: float, name: str, owner: str) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) \
-            or not 0.0 <= value < 1.0:
+    if not _is_number(value) or not 0.0 <= value < 1.0:
         raise ValueError(f'{owner}: {name} must be a float in [0, 1), got '
                          f'{value!r}')
+
+
+def check_positive_int(value, name: str, owner: str,
+                       optional: bool = False) -> None:
+    """ValueError unless ``value`` is an int >= 1 (or None if optional)."""
+    if optional and value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        allowed = 'a positive int' + (' or None' if optional else '')
+        raise ValueError(f'{owner}: {name} must be {allowed}, got {value!r}')
+
+
+def check_positive_float(value, name: str, owner: str,
+                         allow_zero: bool = False, why: str = '') -> None:
+    """ValueError unless ``value`` is a finite number > 0 (>= 0 if
+    ``allow_zero``); ``why`` is appended to the allowed range."""
+    if not _is_number(value) or not math.isfinite(value) or \
+            not (value >= 0 if allow_zero else value > 0):
+        bound = '>= 0' if allow_zero else '> 0'
+        raise ValueError(f'{owner}: {name} must be a finite float {bound}'
+                         f'{why}, got {value!r}')
+
+
+def check_bool(value, name: str, owner: str) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f'{owner}: {name} must be a bool (True or False), '
+                        f'got {value!r}')
+
+
+def check_temperature_range(value, owner: str,
+                            name: str = 'temperature_range') -> None:
+    """ValueError unless ``value`` is (s_min, s_max), 0 < s_min <= s_max."""
+    if not (isinstance(value, (tuple, list)) and len(value) == 2
+            and all(_is_number(t) and 0 < t < math.inf for t in value)
+            and value[0] <= value[1]):
+        raise ValueError(f'{owner}: {name} must be (s_min, s_max) with '
+                         f'0 < s_min <= s_max, got {value!r}')
+
+
+def check_layer_cfg(cfg, name: str, owner: str, optional: bool = False,
+                    example: str = "dict(type='BN')") -> None:
+    """Raise unless ``cfg`` is a config dict whose 'type' mmcv can build.
+
+    The type is looked up as mmcv's ``build_norm_layer`` and
+    ``build_conv_layer`` do (mmengine's MODELS, current scope first), so
+    that an unknown type is named here instead of as ``Cannot find None``.
+    """
+    if optional and cfg is None:
+        return
+    if not isinstance(cfg, dict) or 'type' not in cfg:
+        allowed = f"a config dict with a 'type' (e.g. {example})" + (
+            ' or None' if optional else '')
+        raise TypeError(f'{owner}: {name} must be {allowed}, got {cfg!r}')
+    layer_type = cfg['type']
+    if inspect.isclass(layer_type):
+        return
+    found = None
+    if isinstance(layer_type, str):
+        with MODELS.switch_scope_and_registry(None) as registry:
+            found = registry.get(layer_type)
+    if found is None:
+        raise KeyError(f'{owner}: {name} has type {layer_type!r}, which is '
+                       'not a registered layer; allowed: a type registered '
+                       f'in mmengine\'s MODELS by mmcv (e.g. {example})')
 
 
 def log_uniform_temperatures(num_heads: int,
                              temperature_range: tuple) -> Tensor:
     """s = exp(linspace(ln s_min, ln s_max, G)), (G,), float32."""
-    if not (isinstance(temperature_range, (tuple, list))
-            and len(temperature_range) == 2
-            and all(isinstance(t, (int, float)) and t > 0
-                    for t in temperature_range)
-            and temperature_range[0] <= temperature_range[1]):
-        raise ValueError('temperature_range must be (s_min, s_max) with '
-                         f'0 < s_min <= s_max, got {temperature_range!r}')
+    check_temperature_range(temperature_range, 'log_uniform_temperatures')
     lo, hi = (float(t) for t in temperature_range)
     return torch.exp(
         torch.linspace(torch.tensor(lo).log().item(),

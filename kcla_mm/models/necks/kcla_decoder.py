@@ -7,7 +7,9 @@ from torch import Tensor
 
 from kcla_mm.ops.kcla_state import IMPLS
 from ..layers import KCLALayer, KCLAState
-from ..layers.utils import check_head_dim, check_probability
+from ..layers.utils import (check_head_dim, check_layer_cfg,
+                            check_positive_float, check_probability,
+                            check_temperature_range)
 
 
 class KCLADecoderAttention(BaseModule):
@@ -64,7 +66,12 @@ class KCLADecoderAttention(BaseModule):
                              f'{stage_channels!r}')
         for channels in stage_channels:
             check_head_dim(channels, head_dim, owner)
+        check_temperature_range(temperature_range, owner)
         check_probability(drop_path, 'drop_path', owner)
+        check_layer_cfg(norm_cfg, 'norm_cfg', owner)
+        check_positive_float(
+            norm_init, 'norm_init', owner,
+            why=' (the branch ReLU passes no gradient at 0)')
         if impl not in IMPLS:
             raise ValueError(f'{owner}: impl must be one of {IMPLS}, got '
                              f'{impl!r}')

@@ -7,7 +7,9 @@ from torch import Tensor
 
 from kcla_mm.ops.kcla_state import IMPLS
 from ..layers import KCLALayer, KCLAState
-from ..layers.utils import check_head_dim, check_probability
+from ..layers.utils import (check_head_dim, check_layer_cfg,
+                            check_positive_int, check_probability,
+                            check_temperature_range)
 
 
 class KCLAFPN(FPN):
@@ -54,12 +56,17 @@ class KCLAFPN(FPN):
                  kcla_norm_cfg: dict = dict(type='BN'),
                  kcla_impl: str = 'auto',
                  **kwargs) -> None:
-        if not isinstance(in_channels, (list, tuple)):
-            raise TypeError('KCLAFPN: in_channels must be a list of ints, got '
-                            f'{in_channels!r}')
+        if not isinstance(in_channels, (list, tuple)) or not all(
+                isinstance(c, int) and not isinstance(c, bool) and c > 0
+                for c in in_channels):
+            raise TypeError('KCLAFPN: in_channels must be a list of positive '
+                            f'ints, got {in_channels!r}')
         owner = type(self).__name__
+        check_positive_int(out_channels, 'out_channels', owner)
         check_head_dim(out_channels, head_dim, owner)
+        check_temperature_range(temperature_range, owner)
         check_probability(kcla_drop_path, 'kcla_drop_path', owner)
+        check_layer_cfg(kcla_norm_cfg, 'kcla_norm_cfg', owner)
         if kcla_impl not in IMPLS:
             raise ValueError(f'{owner}: kcla_impl must be one of {IMPLS}, '
                              f'got {kcla_impl!r}')

@@ -1,0 +1,110 @@
+"""Calls every raw entry of ``kcla_mm._ext`` with valid CPU tensors, then
+with all of them on the meta device (a device the extension has no kernel
+for, as CUDA on a CPU-only build), one of them on meta, one of them of the
+wrong dtype, all float16 and all int64.
+
+Run by test_op_devices.py in a subprocess, so that a crash (a kernel
+reading a pointer it must not) fails that test instead of killing pytest.
+Prints one JSON line before each call (``state: calling``, flushed: a crash
+names the call) and one with its outcome.
+"""
+import importlib.machinery
+import importlib.util
+import json
+import os.path as osp
+import sys
+
+import torch
+
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+
+def load_ext():
+    """kcla_mm._ext from its file in the checkout, without importing kcla_mm
+    (and mmdet, mmseg with it): only the compiled entries are under test.
+    Elsewhere (an installed kcla_mm), through kcla_mm."""
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = osp.join(ROOT, 'kcla_mm', '_ext' + suffix)
+        if osp.isfile(path):
+            spec = importlib.util.spec_from_file_location('kcla_mm._ext',
+                                                          path)
+            ext = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(ext)
+            return ext
+    from kcla_mm.ops import load_ext as load_installed
+    return load_installed()
+
+
+EXT = load_ext()
+
+B, C, H, W, G = 2, 4, 3, 3, 2
+EPS = 1e-3
+
+
+def tensors():
+    f = dict(dtype=torch.float32)
+    m = lambda: torch.rand(B, C, H, W, **f)  # noqa: E731
+    hd = lambda: torch.rand(B, G, **f) + 0.5  # noqa: E731
+    ch = lambda: torch.rand(C, **f) + 0.5  # noqa: E731
+    return dict(
+        x=m(), u=m(), u_next=m(), agg=m(), o=m(), out=m(), grad_u_next=m(),
+        grad_agg=m(), grad_x=m(), grad_u=m(), grad_out=m(), grad_o=m(),
+        grad_residual=m(), w=hd(), z=hd() + 1, gate=hd() / 2, grad_w=hd(),
+        grad_z=hd(), grad_gate=hd(), weight=torch.rand(C, 1, 3, 3, **f),
+        grad_weight=torch.rand(C, 1, 3, 3, **f), scale=ch(), shift=ch(),
+        mean=ch(), alpha=ch(), beta=ch(), sum_grad=ch(),
+        sum_grad_centered=ch(), keep=torch.ones(B, **f),
+        mask=torch.zeros(B, C, (H * W + 7) // 8, dtype=torch.uint8))
+
+
+ENTRIES = {
+    'kcla_state_forward': 'x u w z u_next agg',
+    'kcla_state_backward': 'grad_u_next grad_agg x w z agg grad_x grad_u '
+                           'grad_w grad_z',
+    'kcla_branch_forward': 'x u w z gate weight u_next o',
+    'kcla_branch_recompute': 'u_next z gate weight o',
+    'kcla_bn_relu_add_forward': 'o x scale shift keep out mask',
+    'kcla_bn_relu_add_backward': 'grad_out o scale mask keep mean grad_o '
+                                 'sum_grad sum_grad_centered',
+    'kcla_branch_backward': 'grad_o alpha beta mean grad_u_next '
+                            'grad_residual x u_next w z gate weight grad_x '
+                            'grad_u grad_w grad_z grad_gate grad_weight',
+    'kcla_branch_inference': 'x u w z gate weight scale shift u_next out',
+}
+NO_EPS = ('kcla_bn_relu_add_forward', 'kcla_bn_relu_add_backward')
+
+
+def call(entry, names, case, change):
+    args = tensors()
+    args = [change(n, args[n]) for n in names.split()]
+    if entry not in NO_EPS:
+        args.append(EPS)
+    print(json.dumps(dict(entry=entry, case=case, state='calling')),
+          flush=True)
+    try:
+        getattr(EXT, entry)(*args)
+        result = dict(error=None)
+    except Exception as e:  # noqa: BLE001
+        result = dict(error=type(e).__name__, message=str(e).split('\n')[0])
+    print(json.dumps(dict(entry=entry, case=case, **result)), flush=True)
+
+
+def main():
+    for entry, names in ENTRIES.items():
+        call(entry, names, 'valid', lambda n, t: t)
+        call(entry, names, 'all:meta', lambda n, t: t.to('meta'))
+        for name in names.split():
+            call(entry, names, f'meta:{name}',
+                 lambda n, t, name=name: t.to('meta') if n == name else t)
+            wrong = torch.float64 if name != 'mask' else torch.float32
+            call(entry, names, f'dtype:{name}',
+                 lambda n, t, name=name, wrong=wrong: t.to(wrong)
+                 if n == name else t)
+        call(entry, names, 'all:half', lambda n, t: t.half()
+             if t.is_floating_point() else t)
+        call(entry, names, 'all:int', lambda n, t: t.long()
+             if t.is_floating_point() else t)
+
+
+if __name__ == '__main__':
+    sys.exit(main())
