@@ -69,7 +69,11 @@ def parse_args(argv=None):
     parser.add_argument(
         '--unsafe-load', action='store_true',
         help='torch.load with weights_only=False (only for trusted files)')
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.max_list < 1:
+        parser.error(f'argument --max-list: must be an int >= 1, got '
+                     f'{args.max_list}')
+    return args
 
 
 def _meta_value(value):

@@ -37,7 +37,8 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if 'state_dict' not in args.keep_keys:
-        print('error: --keep-keys must include state_dict', file=sys.stderr)
+        print(f'error: --keep-keys must include state_dict, got '
+              f'{args.keep_keys}', file=sys.stderr)
         return 1
     try:
         final, sha, removed = publish_checkpoint(

@@ -57,7 +57,14 @@ def parse_args(argv=None):
     parser.add_argument(
         '--unsafe-load', action='store_true',
         help='torch.load with weights_only=False (only for trusted files)')
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for option, value, low in (('--head-dim', args.head_dim, 1),
+                               ('--seed', args.seed, 0),
+                               ('--max-list', args.max_list, 1)):
+        if value is not None and value < low:
+            parser.error(f'argument {option}: must be an int >= {low}, got '
+                         f'{value}')
+    return args
 
 
 def convert(src: str, dst: str, depth: int, layer_attention: str = 'KCLA',
