@@ -291,3 +291,27 @@ def test_pretrained_argument_is_deprecated_alias_of_init_cfg():
     assert model.init_cfg == dict(type='Pretrained', checkpoint='some.pth')
     with pytest.raises(TypeError, match='pretrained must be a str or None'):
         ResNetKCLA(18, pretrained=3)
+
+
+@pytest.mark.parametrize('with_cp', [False, True])
+def test_mrla_light_shares_the_blocks_downsample(with_cp):
+    """MRLA-light's X_in is the block's own shortcut: each downsample runs
+    once per forward (its BN counts one training step, not two)."""
+    torch.manual_seed(0)
+    model = ResNetKCLA(depth=50, base_channels=8, layer_attention='MRLA-light',
+                       head_dim=8, norm_eval=False, with_cp=with_cp).train()
+    calls = []
+    downsamples = [block.downsample for name in model.res_layers
+                   for block in getattr(model, name)
+                   if block.downsample is not None]
+    for ds in downsamples:
+        ds.register_forward_hook(lambda *_: calls.append(1))
+    x = torch.randn(2, 3, 32, 32, requires_grad=True)
+    sum(o.sum() for o in model(x)).backward()
+    assert len(downsamples) == 4
+    # also with with_cp: the shared shortcut is computed outside the
+    # checkpointed block, so backward does not re-run it
+    assert len(calls) == 4
+    assert all(int(ds[1].num_batches_tracked) == 1 for ds in downsamples)
+    assert all(p.grad is not None for p in model.parameters()
+               if p.requires_grad)

@@ -70,18 +70,24 @@ class BasicBlock(BaseModule):
     def last_norm(self) -> nn.Module:
         return self.norm2
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, identity: Optional[Tensor] = None) -> Tensor:
+        """(B, C_in, H, W) -> (B, C_out, H', W'); ``identity``: the
+        shortcut if the caller already computed it (default: downsample(x)
+        or x)."""
 
-        def _inner_forward(x):
-            identity = x if self.downsample is None else self.downsample(x)
+        def _inner_forward(x, identity):
+            if identity is None:
+                identity = x if self.downsample is None else \
+                    self.downsample(x)
             out = self.relu(self.norm1(self.conv1(x)))
             out = self.norm2(self.conv2(out))
             return out + identity
 
         if self.with_cp and x.requires_grad:
-            out = cp.checkpoint(_inner_forward, x, use_reentrant=False)
+            out = cp.checkpoint(_inner_forward, x, identity,
+                                use_reentrant=False)
         else:
-            out = _inner_forward(x)
+            out = _inner_forward(x, identity)
         return self.relu(out)
 
 
@@ -194,10 +200,15 @@ class Bottleneck(BaseModule):
     def last_norm(self) -> nn.Module:
         return self.norm3
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, identity: Optional[Tensor] = None) -> Tensor:
+        """(B, C_in, H, W) -> (B, 4 planes, H', W'); ``identity``: the
+        shortcut if the caller already computed it (default: downsample(x)
+        or x)."""
 
-        def _inner_forward(x):
-            identity = x if self.downsample is None else self.downsample(x)
+        def _inner_forward(x, identity):
+            if identity is None:
+                identity = x if self.downsample is None else \
+                    self.downsample(x)
             out = self.relu(self.norm1(self.conv1(x)))
             out = self._plugins(out, 'after_conv1')
             out = self.relu(self.norm2(self.conv2(out)))
@@ -207,9 +218,10 @@ class Bottleneck(BaseModule):
             return out + identity
 
         if self.with_cp and x.requires_grad:
-            out = cp.checkpoint(_inner_forward, x, use_reentrant=False)
+            out = cp.checkpoint(_inner_forward, x, identity,
+                                use_reentrant=False)
         else:
-            out = _inner_forward(x)
+            out = _inner_forward(x, identity)
         return self.relu(out)
 
 

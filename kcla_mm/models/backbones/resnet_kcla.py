@@ -516,14 +516,14 @@ class ResNetKCLA(BaseModule):
             attns = getattr(self, self.attn_layers[i]) \
                 if self.attn_layers else [None] * len(blocks)
             for block, attn in zip(blocks, attns):
-                x_in = x
-                x = block(x)
+                identity = None
+                if getattr(attn, 'needs_identity', False):  # MRLA-light
+                    # computed once, shared by the block and the attention
+                    identity = x if block.downsample is None else \
+                        block.downsample(x)
+                x = block(x, identity)
                 if attn is None:
                     continue
-                identity = None
-                if getattr(attn, 'needs_identity', False):
-                    identity = x_in if block.downsample is None else \
-                        block.downsample(x_in)
                 x, state = self._attend(attn, x, state, identity)
             if i in self.out_indices:
                 outs.append(x)
