@@ -14,16 +14,15 @@ Example:
     .venv/bin/python tools/demo.py --work-dir work_dirs/demo
 """
 import argparse
-import glob
 import json
 import os
 import os.path as osp
 import shutil
-import subprocess
 import sys
 import time
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+from demo_utils import ROOT, latest, run, wheel_tool
+
 CONFIG = osp.join(ROOT, 'configs', 'demo',
                   'faster-rcnn_r18-kcla_fpn_synthetic-coco.py')
 METRICS = ('bbox_mAP', 'bbox_mAP_50', 'bbox_mAP_75', 'bbox_mAP_s',
@@ -43,15 +42,6 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def mmdet_tool(name: str) -> str:
-    import mmdet
-    path = osp.join(osp.dirname(mmdet.__file__), '.mim', 'tools', name)
-    if not osp.isfile(path):
-        sys.exit(f'error: {path} not found; is mmdet 3.3 installed from its '
-                 'wheel?')
-    return path
-
-
 def data_options(data_root: str) -> list:
     root = data_root.rstrip('/') + '/'
     ann = root + 'annotations/instances_val2017.json'
@@ -61,20 +51,6 @@ def data_options(data_root: str) -> list:
         f'test_dataloader.dataset.data_root={root}',
         f'val_evaluator.ann_file={ann}', f'test_evaluator.ann_file={ann}'
     ]
-
-
-def run(cmd: list) -> None:
-    print('\n$ ' + ' '.join(cmd), flush=True)
-    result = subprocess.run(cmd, cwd=ROOT)
-    if result.returncode != 0:
-        sys.exit(f'error: {cmd[1]} failed with exit code {result.returncode}')
-
-
-def latest(pattern: str) -> str:
-    paths = sorted(glob.glob(pattern), key=osp.getmtime)
-    if not paths:
-        sys.exit(f'error: nothing matches {pattern}')
-    return paths[-1]
 
 
 def train_metrics(work_dir: str) -> dict:
@@ -113,12 +89,13 @@ def main(argv=None):
         options += [f'train_cfg.max_iters={args.max_iters}',
                     f'train_cfg.val_interval={args.max_iters}',
                     f'default_hooks.checkpoint.interval={args.max_iters}']
-    run([sys.executable, mmdet_tool('train.py'), args.config, '--work-dir',
-         work_dir, '--cfg-options', *options])
+    run([sys.executable, wheel_tool('mmdet', 'train.py'),
+         args.config, '--work-dir', work_dir, '--cfg-options', *options])
     before = train_metrics(work_dir)
     checkpoint = latest(osp.join(work_dir, 'iter_*.pth'))
     test_dir = osp.join(work_dir, 'reloaded')
-    run([sys.executable, mmdet_tool('test.py'), args.config, checkpoint,
+    run([sys.executable, wheel_tool('mmdet', 'test.py'),
+         args.config, checkpoint,
          '--work-dir', test_dir, '--show-dir', 'predictions',
          '--cfg-options', *options])
     after = test_metrics(test_dir)

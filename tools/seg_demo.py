@@ -21,14 +21,14 @@ import glob
 import json
 import os
 import os.path as osp
-import subprocess
 import sys
 import time
 
 import numpy as np
 from PIL import Image
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+from demo_utils import ROOT, latest, run, wheel_tool
+
 CONFIG = osp.join(ROOT, 'configs', 'demo',
                   'res-unet_r18s-kcla_synthetic-isic2018.py')
 CONVERTERS = osp.join(ROOT, 'tools', 'dataset_converters')
@@ -50,30 +50,6 @@ def parse_args(argv=None):
     parser.add_argument('--num-shown', type=int, default=4,
                         help='test images in predictions.png')
     return parser.parse_args(argv)
-
-
-def mmseg_tool(name: str) -> str:
-    import mmseg
-    path = osp.join(osp.dirname(mmseg.__file__), '.mim', 'tools', name)
-    if not osp.isfile(path):
-        sys.exit(f'error: {path} not found; is mmsegmentation 1.2 installed '
-                 'from its wheel?')
-    return path
-
-
-def run(cmd: list) -> None:
-    print('\n$ ' + ' '.join(cmd), flush=True)
-    result = subprocess.run(cmd, cwd=ROOT)
-    if result.returncode != 0:
-        sys.exit(f'error: {osp.basename(cmd[1])} failed with exit code '
-                 f'{result.returncode}')
-
-
-def latest(pattern: str) -> str:
-    paths = sorted(glob.glob(pattern), key=osp.getmtime)
-    if not paths:
-        sys.exit(f'error: nothing matches {pattern}')
-    return paths[-1]
 
 
 def prepare_data(data_root: str, num_images: int) -> None:
@@ -148,12 +124,13 @@ def main(argv=None):
                     f'default_hooks.checkpoint.interval={args.max_iters}',
                     f'param_scheduler.0.end={args.max_iters}',
                     f'param_scheduler.0.T_max={args.max_iters}']
-    run([sys.executable, mmseg_tool('train.py'), args.config, '--work-dir',
-         work_dir, '--cfg-options', *options])
+    run([sys.executable, wheel_tool('mmseg', 'train.py'),
+         args.config, '--work-dir', work_dir, '--cfg-options', *options])
     before = train_metrics(work_dir)
     checkpoint = latest(osp.join(work_dir, 'iter_*.pth'))
     test_dir = osp.join(work_dir, 'test')
-    run([sys.executable, mmseg_tool('test.py'), args.config, checkpoint,
+    run([sys.executable, wheel_tool('mmseg', 'test.py'),
+         args.config, checkpoint,
          '--work-dir', test_dir, '--cfg-options', *options])
     after = test_metrics(test_dir)
     picture = osp.join(work_dir, 'predictions.png')

@@ -1,0 +1,36 @@
+"""Helpers shared by the demos (``demo.py``, ``seg_demo.py``)."""
+import glob
+import importlib
+import os.path as osp
+import subprocess
+import sys
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+
+
+def wheel_tool(package: str, name: str) -> str:
+    """Path of ``package``'s own tools/<name> (mmdet/mmseg ship them in their
+    wheels under ``.mim/tools``); exits if it is missing."""
+    module = importlib.import_module(package)
+    path = osp.join(osp.dirname(module.__file__), '.mim', 'tools', name)
+    if not osp.isfile(path):
+        sys.exit(f'error: {path} not found; is {package} installed from its '
+                 'wheel?')
+    return path
+
+
+def run(cmd: list) -> None:
+    """Run ``cmd`` in the repository root; exit if it fails."""
+    print('\n$ ' + ' '.join(cmd), flush=True)
+    result = subprocess.run(cmd, cwd=ROOT)
+    if result.returncode != 0:
+        sys.exit(f'error: {osp.basename(cmd[1])} failed with exit code '
+                 f'{result.returncode}')
+
+
+def latest(pattern: str) -> str:
+    """The newest file matching ``pattern``; exits if there is none."""
+    paths = sorted(glob.glob(pattern), key=osp.getmtime)
+    if not paths:
+        sys.exit(f'error: nothing matches {pattern}')
+    return paths[-1]
