@@ -54,6 +54,10 @@ def get_extensions() -> list:
         '-O3', '-fno-math-errno', '-fno-trapping-math', '-fno-signed-zeros',
         '-fassociative-math'
     ]
+    # at::parallel_for is header code that runs serially unless compiled
+    # with OpenMP (the libgomp torch already loaded serves it)
+    cxx_flags.append('-fopenmp')
+    link_flags = ['-fopenmp']
     sources = glob.glob(osp.join(CSRC, 'pytorch', '*.cpp')) + glob.glob(
         osp.join(CSRC, 'pytorch', 'cpu', '*.cpp'))
     include_dirs = [osp.join(ROOT, CSRC, 'common')]
@@ -68,6 +72,7 @@ def get_extensions() -> list:
                 sources=sorted(sources),
                 include_dirs=include_dirs,
                 define_macros=[('KCLA_WITH_CUDA', None)],
+                extra_link_args=link_flags,
                 extra_compile_args={
                     'cxx': cxx_flags,
                     'nvcc': ['-O0' if debug else '-O3',
@@ -79,6 +84,7 @@ def get_extensions() -> list:
             name='kcla_mm._ext',
             sources=sorted(sources),
             include_dirs=include_dirs,
+            extra_link_args=link_flags,
             extra_compile_args={'cxx': cxx_flags})
     ]
 

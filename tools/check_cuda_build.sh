@@ -39,10 +39,13 @@ cd "$ROOT"
 FORCE_CUDA=1 "$VENV/bin/python" setup.py --quiet build_ext \
     --build-lib "$OUT/lib" --build-temp "$OUT/tmp"
 SO="$(ls "$OUT"/lib/kcla_mm/_ext*.so)"
-# the library must define the CUDA launchers (grep reads all of nm's output:
-# `grep -q` would stop early and fail the pipeline with SIGPIPE)
-if ! nm -C --defined-only "$SO" | grep "kcla_state_forward_cuda(" >/dev/null; then
-    echo "[cuda-check] error: $SO has no CUDA launchers" >&2
-    exit 1
-fi
+# the library must define the CUDA launchers of both op groups (grep reads
+# all of nm's output: `grep -q` would stop early and fail the pipeline with
+# SIGPIPE)
+for sym in "kcla_state_forward_cuda(" "kcla_branch_backward_cuda("; do
+    if ! nm -C --defined-only "$SO" | grep -F "$sym" >/dev/null; then
+        echo "[cuda-check] error: $SO has no CUDA launcher $sym" >&2
+        exit 1
+    fi
+done
 echo "[cuda-check] ok: $SO"

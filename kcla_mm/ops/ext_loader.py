@@ -11,9 +11,9 @@ from typing import Iterable, Optional, Tuple
 
 EXT_NAME = 'kcla_mm._ext'
 EXT_FUNCS = ('device_types', 'kcla_state_forward', 'kcla_state_backward',
-             'kcla_branch_forward', 'kcla_branch_recompute',
-             'kcla_bn_relu_add_forward', 'kcla_bn_relu_add_backward',
-             'kcla_branch_backward', 'kcla_branch_inference')
+             'kcla_relu_pool_forward', 'kcla_relu_pool_backward',
+             'kcla_branch_stats', 'kcla_branch_forward', 'kcla_branch_apply',
+             'kcla_branch_bn_sums', 'kcla_branch_backward')
 
 
 def load_ext(name: str = EXT_NAME,

@@ -9,15 +9,22 @@ drop-path multipliers ``keep`` (B,)::
     o      = gate * DWConv3x3(u_next / (z + eps))
     out    = x + keep * ReLU(BN(o))
 
-:func:`kcla_branch` (training) saves only ``x`` (which the block's ReLU
-saves anyway) and ``u_next`` for backward and recomputes ``o`` there. With a
-:class:`StateTape` it does not even save ``u_next``: the next layer's
-backward inverts the running sum, ``u = u_next' - w' * x'``, and hands the
-result back through the tape, so the state costs one buffer per chain of
-layers instead of one feature map per layer. :func:`kcla_branch_inference`
-folds BN into one pass per plane and may update the state in place. Both run
-the kernels of ``kcla_mm._ext`` (float32/float64); callers check
-:func:`branch_supported`.
+:func:`relu_pool` applies a residual block's final ReLU in place and pools
+the result in the same pass (KCLA's GAP), keeping only a 1-bit mask for
+backward, so the block's ReLU output is never saved.
+
+:func:`kcla_branch` (training) saves ``out`` (which the next block's conv
+saves anyway), two bit masks and per-channel statistics, and ``u_next``;
+backward recomputes ``o`` from ``u_next`` and recovers ``x = out - keep *
+ReLU(BN(o))``. With BN in eval mode forward and backward are one pass each
+over the maps; with batch statistics each takes one more (the statistics,
+and their gradient terms). With a :class:`StateTape` the layer does not
+even save ``u_next``: the next layer's backward inverts the running sum,
+``u = u_next' - w' * x'``, and hands the result back through the tape, so
+the state costs one buffer per chain of layers instead of one feature map
+per layer. :func:`kcla_branch_inference` folds BN into one pass and
+updates the state in place. All run the kernels of ``kcla_mm._ext``
+(float32/float64); callers check :func:`branch_supported`.
 """
 from typing import Optional, Tuple
 
@@ -33,7 +40,7 @@ from .ext_loader import get_ext, has_device_impl
 # A layer saves its incoming state instead of inverting the running sum when
 # Z grew more than this factor since the oldest state the inversion would
 # recover: the recovered U carries a relative error of about eps * Z_now / Z.
-MAX_INVERSION_GROWTH = 32.0
+MAX_INVERSION_GROWTH = 16.0
 
 
 class StateTape:
@@ -68,22 +75,85 @@ def branch_supported(x: Tensor, norm: nn.Module) -> bool:
             and has_device_impl(x.device.type, 'branch'))
 
 
-def _batch_norm_stats(o: Tensor, norm: nn.BatchNorm2d,
-                      use_batch_stats: bool) -> Tuple[Tensor, Tensor]:
-    """Mean and 1 / std of BN; updates the running statistics in training."""
-    if use_batch_stats:
-        var, mean = torch.var_mean(o, dim=(0, 2, 3), unbiased=False)
-        if norm.track_running_stats and norm.running_mean is not None:
-            n = o.numel() // o.shape[1]
-            norm.num_batches_tracked.add_(1)
-            momentum = norm.momentum if norm.momentum is not None else \
-                1.0 / float(norm.num_batches_tracked)
-            norm.running_mean.mul_(1 - momentum).add_(momentum * mean)
-            norm.running_var.mul_(1 - momentum).add_(
-                momentum * var * n / max(n - 1, 1))
-    else:
-        mean, var = norm.running_mean, norm.running_var
-    return mean.to(o.dtype), torch.rsqrt(var.to(o.dtype) + norm.eps)
+def relu_pool(s: Tensor) -> Tuple[Tensor, Tensor]:
+    """``x = ReLU(s)`` in place and ``x.mean((2, 3))``, (B, C, H, W) ->
+    ((B, C, H, W), (B, C)); ``s`` must be contiguous and is overwritten."""
+    if torch.is_grad_enabled() and s.requires_grad:
+        return ReLUPoolFunction.apply(s)
+    pooled = s.new_empty(s.shape[:2])
+    get_ext().kcla_relu_pool_forward(s, None, pooled)
+    return s, pooled
+
+
+def _bit_mask(x: Tensor) -> Tensor:
+    """An uninitialised (B, C, ceil(H * W / 8)) uint8 mask for ``x``."""
+    b, c, h, w = x.shape
+    return x.new_empty((b, c, (h * w + 7) // 8), dtype=torch.uint8)
+
+
+class ReLUPoolFunction(Function):
+    """Autograd op of :func:`relu_pool`; saves only the ReLU's bit mask."""
+
+    @staticmethod
+    def forward(ctx, s: Tensor) -> Tuple[Tensor, Tensor]:
+        mask = _bit_mask(s)
+        pooled = s.new_empty(s.shape[:2])
+        get_ext().kcla_relu_pool_forward(s, mask, pooled)
+        ctx.mark_dirty(s)
+        ctx.save_for_backward(mask)
+        ctx.size = s.shape
+        ctx.set_materialize_grads(False)
+        return s, pooled
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_x: Optional[Tensor],
+                 grad_pooled: Optional[Tensor]) -> Optional[Tensor]:
+        mask, = ctx.saved_tensors
+        if grad_x is None and grad_pooled is None:
+            return None
+        ref = grad_x if grad_x is not None else grad_pooled
+        grad_x = ref.new_zeros(ctx.size) if grad_x is None else \
+            grad_x.contiguous()
+        grad_pooled = ref.new_zeros(ctx.size[:2]) if grad_pooled is None \
+            else grad_pooled.contiguous()
+        grad_s = torch.empty_like(grad_x)
+        get_ext().kcla_relu_pool_backward(grad_x, grad_pooled, mask, grad_s)
+        return grad_s
+
+
+def _update_running_stats(norm: nn.BatchNorm2d, mean: Tensor, var: Tensor,
+                          n: int) -> None:
+    """nn.BatchNorm2d's running-statistics update from batch ``mean`` and
+    biased ``var`` over ``n`` values per channel."""
+    if not norm.track_running_stats or norm.running_mean is None:
+        return
+    norm.num_batches_tracked.add_(1)
+    momentum = norm.momentum if norm.momentum is not None else \
+        1.0 / float(norm.num_batches_tracked)
+    norm.running_mean.mul_(1 - momentum).add_(
+        momentum * mean.to(norm.running_mean.dtype))
+    norm.running_var.mul_(1 - momentum).add_(
+        momentum * var.to(norm.running_var.dtype) * n / max(n - 1, 1))
+
+
+def _combine_plane_stats(stats: Tensor, hw: int) -> Tuple[Tensor, Tensor]:
+    """Channel mean and biased variance from per-plane (mean, M2), (B, C, 2)
+    (Chan et al.'s parallel combination, in float64)."""
+    stats = stats.double()
+    plane_mean, m2 = stats[..., 0], stats[..., 1]
+    mean = plane_mean.mean(0)
+    m2 = m2.sum(0) + hw * (plane_mean - mean).square().sum(0)
+    return mean, m2 / (stats.shape[0] * hw)
+
+
+def _folded_bn(norm: nn.BatchNorm2d, mean: Tensor, var: Tensor,
+               dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor]:
+    """(invstd, scale, shift) with BN(o) = scale * o + shift, each (C,)."""
+    invstd = torch.rsqrt(var.to(dtype) + norm.eps)
+    scale = norm.weight.to(dtype) * invstd
+    shift = norm.bias.to(dtype) - mean.to(dtype) * scale
+    return invstd, scale.contiguous(), shift.contiguous()
 
 
 class KCLABranchFunction(Function):
@@ -95,21 +165,33 @@ class KCLABranchFunction(Function):
                 bn_bias: Tensor, keep: Tensor, norm: nn.BatchNorm2d,
                 use_batch_stats: bool, eps: float,
                 tape_in: Optional[StateTape], tape_out: Optional[StateTape],
-                save_u: bool) -> Tuple[Tensor, Tensor]:
+                save_u: bool, out_in_place: bool) -> Tuple[Tensor, Tensor]:
         ext = get_ext()
-        u_next = torch.empty_like(x)
-        o = torch.empty_like(x)
-        ext.kcla_branch_forward(x, u, w, z, gate, weight, u_next, o, eps)
-        mean, invstd = _batch_norm_stats(o, norm, use_batch_stats)
-        scale = (bn_weight.to(x.dtype) * invstd).contiguous()
-        shift = (bn_bias.to(x.dtype) - mean * scale).contiguous()
-        out = torch.empty_like(x)
         b, c, h, w_ = x.shape
-        mask = x.new_empty((b, c, (h * w_ + 7) // 8), dtype=torch.uint8)
-        ext.kcla_bn_relu_add_forward(o, x, scale, shift, keep, out, mask)
-        ctx.save_for_backward(x, u_next if tape_out is None else None, w, z,
-                              gate, weight, keep, mean, invstd, scale, mask,
-                              u if save_u else None)
+        u_next = torch.empty_like(x)
+        out = x if out_in_place else torch.empty_like(x)
+        mask = _bit_mask(x)
+        if use_batch_stats:
+            stats = x.new_empty((b, c, 2))
+            ext.kcla_branch_stats(x, u, w, z, gate, weight, u_next, stats, eps)
+            mean, var = _combine_plane_stats(stats, h * w_)
+            _update_running_stats(norm, mean, var, b * h * w_)
+            invstd, scale, shift = _folded_bn(norm, mean, var, x.dtype)
+            ext.kcla_branch_apply(x, u_next, z, gate, weight, scale, shift,
+                                  keep, out, mask, eps)
+        else:
+            mean = norm.running_mean
+            invstd, scale, shift = _folded_bn(norm, mean, norm.running_var,
+                                              x.dtype)
+            ext.kcla_branch_forward(x, u, w, z, gate, weight, scale, shift,
+                                    keep, u_next, out, mask, eps)
+        if out_in_place:
+            ctx.mark_dirty(x)
+        ctx.save_for_backward(out, u_next if tape_out is None else None, w, z,
+                              gate, weight, keep, mask,
+                              mean.to(x.dtype).contiguous(), invstd, scale,
+                              shift, u if save_u else None)
+        ctx.set_materialize_grads(False)
         ctx.tape_in = tape_in
         ctx.tape_out = tape_out
         ctx.has_u = u is not None
@@ -120,51 +202,57 @@ class KCLABranchFunction(Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_out: Tensor, grad_u_next: Tensor) -> tuple:
-        (x, u_next, w, z, gate, weight, keep, mean, invstd, scale, mask,
-         saved_u) = ctx.saved_tensors
+    def backward(ctx, grad_out: Optional[Tensor],
+                 grad_u_next: Optional[Tensor]) -> tuple:
+        (out, u_next, w, z, gate, weight, keep, mask, mean, invstd, scale,
+         shift, saved_u) = ctx.saved_tensors
         owned = ctx.tape_out is not None
         if owned:
             u_next = ctx.tape_out.take()
         ext = get_ext()
-        grad_out = grad_out.contiguous()
-        o = torch.empty_like(x)
-        ext.kcla_branch_recompute(u_next, z, gate, weight, o, ctx.eps)
-        grad_o = torch.empty_like(x)
-        sum_grad = torch.empty_like(scale)
-        sum_grad_centered = torch.empty_like(scale)
-        ext.kcla_bn_relu_add_backward(grad_out, o, scale, mask, keep, mean,
-                                      grad_o, sum_grad, sum_grad_centered)
-        del o
-        # sum over positions of g_n * x_hat, x_hat = (o - mean) * invstd
-        sum_grad_xhat = invstd * sum_grad_centered
+        b, c, h, w_ = out.shape
+        n = b * h * w_
+        grad_out = torch.zeros_like(out) if grad_out is None else \
+            grad_out.contiguous()
+        if grad_u_next is not None:
+            grad_u_next = grad_u_next.contiguous()
         if ctx.use_batch_stats:  # the batch statistics depend on o
-            n = x.numel() // x.shape[1]
-            beta = -scale * invstd * sum_grad_xhat / n
-            alpha = -scale * sum_grad / n
+            bn_sums = out.new_empty((b, c, 2))
+            ext.kcla_branch_bn_sums(grad_out, u_next, z, gate, weight, keep,
+                                    mask, mean, bn_sums, ctx.eps)
+            sum_grad, sum_grad_centered = bn_sums.sum(0).unbind(-1)
+            sum_grad_xhat = invstd * sum_grad_centered
+            alpha = (-scale * sum_grad / n).contiguous()
+            beta = (-scale * invstd * sum_grad_xhat / n).contiguous()
         else:
             alpha = beta = torch.zeros_like(scale)
-        grad_x = torch.empty_like(x)
-        grad_u = torch.empty_like(x) if ctx.has_u else None
-        grad_w, grad_z, grad_gate = (torch.empty_like(w) for _ in range(3))
-        grad_weight = torch.empty_like(weight)
-        ext.kcla_branch_backward(grad_o, alpha.contiguous(), beta.contiguous(),
-                                 mean.contiguous(), grad_u_next.contiguous(),
-                                 grad_out, x,
-                                 u_next, w, z, gate, weight, grad_x, grad_u,
-                                 grad_w, grad_z, grad_gate, grad_weight,
+        invert = saved_u is None and ctx.tape_in is not None
+        u_prev = (u_next if owned else torch.empty_like(u_next)) \
+            if invert else None
+        grad_x = torch.empty_like(out)
+        grad_u = torch.empty_like(out) if ctx.has_u else None
+        plane_bn_sums = out.new_empty((b, c, 2))
+        head_sums = out.new_empty((b, c, 3))
+        weight_sums = out.new_empty((b, c, 9))
+        ext.kcla_branch_backward(grad_out, grad_u_next, out, u_next, w, z,
+                                 gate, weight, scale, shift, keep, mask,
+                                 alpha, beta, mean, grad_x, grad_u, u_prev,
+                                 plane_bn_sums, head_sums, weight_sums,
                                  ctx.eps)
+        if not ctx.use_batch_stats:
+            sum_grad, sum_grad_centered = plane_bn_sums.sum(0).unbind(-1)
+            sum_grad_xhat = invstd * sum_grad_centered
+        g = w.shape[1]
+        grad_w, grad_z, grad_gate = head_sums.view(b, g, c // g, 3).sum(
+            2).unbind(-1)
+        grad_weight = weight_sums.sum(0).view_as(weight)
         if saved_u is not None:  # hand the previous layer its state
             ctx.tape_in.u = saved_u
-        elif ctx.tape_in is not None:  # ... by inverting the running sum
-            u = u_next if owned else u_next.clone()
-            b, g = w.shape
-            u.view(b, g, -1).addcmul_(x.view(b, g, -1), w.view(b, g, 1),
-                                      value=-1)
-            ctx.tape_in.u = u
+        elif invert:  # ... recovered by inverting the running sum
+            ctx.tape_in.u = u_prev
         return (grad_x, grad_u, grad_w, grad_z, grad_gate, grad_weight,
                 sum_grad_xhat.to(ctx.bn_dtype), sum_grad.to(ctx.bn_dtype),
-                None, None, None, None, None, None, None)
+                None, None, None, None, None, None, None, None)
 
 
 def kcla_branch(x: Tensor,
@@ -177,8 +265,8 @@ def kcla_branch(x: Tensor,
                 keep: Tensor,
                 eps: float = 1e-3,
                 tape_in: Optional[StateTape] = None,
-                tape_out: Optional[StateTape] = None
-                ) -> Tuple[Tensor, Tensor]:
+                tape_out: Optional[StateTape] = None,
+                out_in_place: bool = False) -> Tuple[Tensor, Tensor]:
     """Training/autograd branch; returns ``(out, u_next)``, both (B, C, H, W).
 
     ``norm`` uses batch statistics (and updates its running ones) when in
@@ -187,7 +275,8 @@ def kcla_branch(x: Tensor,
     ``tape_out``: if given, ``u_next`` is not saved; the next layer's
     backward must fill this tape. ``u`` itself is saved instead of inverted
     when Z grew by more than :data:`MAX_INVERSION_GROWTH` since
-    ``tape_in.z_floor``.
+    ``tape_in.z_floor``. ``out_in_place``: write ``out`` over ``x`` (which
+    must then be a tensor nobody else needs, e.g. :func:`relu_pool`'s).
     """
     use_batch_stats = norm.training or norm.running_mean is None
     dtype = x.dtype
@@ -203,28 +292,33 @@ def kcla_branch(x: Tensor,
         z.to(dtype).contiguous(), gate.to(dtype).contiguous(),
         weight.to(dtype).contiguous(), norm.weight, norm.bias,
         keep.to(dtype).contiguous(), norm, use_batch_stats, float(eps),
-        tape_in, tape_out, save_u)
+        tape_in, tape_out, save_u, out_in_place)
 
 
-def kcla_branch_inference(x: Tensor, u: Optional[Tensor], w: Tensor,
-                          z: Tensor, gate: Tensor, weight: Tensor,
+def kcla_branch_inference(x: Tensor,
+                          u: Optional[Tensor],
+                          w: Tensor,
+                          z: Tensor,
+                          gate: Tensor,
+                          weight: Tensor,
                           norm: nn.BatchNorm2d,
-                          eps: float = 1e-3) -> Tuple[Tensor, Tensor]:
-    """No-grad eval branch with BN folded; returns ``(out, u_next)``.
+                          eps: float = 1e-3,
+                          out_in_place: bool = False) -> Tuple[Tensor, Tensor]:
+    """No-grad eval branch with BN folded, one pass; returns
+    ``(out, u_next)``.
 
     The state is updated in place: the returned ``u_next`` is ``u`` (when
-    given), so an incoming state cannot be reused after this call.
+    given), so an incoming state cannot be reused after this call; with
+    ``out_in_place`` so is ``x``.
     """
     dtype = x.dtype
-    invstd = torch.rsqrt(norm.running_var.to(dtype) + norm.eps)
-    scale = (norm.weight.to(dtype) * invstd).contiguous()
-    shift = (norm.bias.to(dtype) - norm.running_mean.to(dtype) *
-             scale).contiguous()
+    _, scale, shift = _folded_bn(norm, norm.running_mean, norm.running_var,
+                                 dtype)
     u_next = torch.empty_like(x) if u is None else u
-    out = torch.empty_like(x)
-    get_ext().kcla_branch_inference(x, u, w.to(dtype).contiguous(),
-                                    z.to(dtype).contiguous(),
-                                    gate.to(dtype).contiguous(),
-                                    weight.to(dtype).contiguous(), scale,
-                                    shift, u_next, out, float(eps))
+    out = x if out_in_place else torch.empty_like(x)
+    get_ext().kcla_branch_forward(x, u, w.to(dtype).contiguous(),
+                                  z.to(dtype).contiguous(),
+                                  gate.to(dtype).contiguous(),
+                                  weight.to(dtype).contiguous(), scale, shift,
+                                  None, u_next, out, None, float(eps))
     return out, u_next

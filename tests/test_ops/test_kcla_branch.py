@@ -1,11 +1,19 @@
 """The fused KCLA branch kernels equal the same equations in plain PyTorch."""
+import os
+import os.path as osp
+import subprocess
+import sys
+import tempfile
+import textwrap
+
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from kcla_mm.ops import get_ext
-from kcla_mm.ops.kcla_branch import kcla_branch, kcla_branch_inference
+from kcla_mm.ops.kcla_branch import (kcla_branch, kcla_branch_inference,
+                                     relu_pool)
 
 EPS = 1e-3
 
@@ -26,7 +34,7 @@ def reference_branch(x, u, w, z, gate, weight, norm, keep):
 
 
 def relu_mask(x):
-    """The bit mask kcla_bn_relu_add_forward fills: (B, C, ceil(HW / 8))."""
+    """A bit mask of the branch ops: (B, C, ceil(HW / 8)) uint8."""
     b, c, h, w = x.shape
     return torch.empty((b, c, (h * w + 7) // 8), dtype=torch.uint8)
 
@@ -138,38 +146,146 @@ def test_odd_and_tiny_planes(size):
 def test_raw_branch_ops_name_bad_arguments():
     ext = get_ext()
     x, u, w, z, gate, weight, norm, keep = make_case()
-    u_next, o = torch.empty_like(x), torch.empty_like(x)
+    u_next, out = torch.empty_like(x), torch.empty_like(x)
+    scale, shift = torch.ones(12), torch.zeros(12)
+    stats = x.new_empty((3, 12, 2))
     with pytest.raises(RuntimeError, match='argument `weight` must be '
                        '\\(C, 1, 3, 3\\)'):
-        ext.kcla_branch_forward(x, u, w, z, gate, weight[:, :, :2].contiguous(),
-                                u_next, o, EPS)
+        ext.kcla_branch_stats(x, u, w, z, gate,
+                              weight[:, :, :2].contiguous(), u_next, stats,
+                              EPS)
     with pytest.raises(RuntimeError, match='argument `gate` must have the '
                        'shape of `w`'):
         ext.kcla_branch_forward(x, u, w, z, gate[:, :1].contiguous(), weight,
-                                u_next, o, EPS)
+                                scale, shift, keep, u_next, out, None, EPS)
     with pytest.raises(RuntimeError, match='argument `x` must be float32 or '
                        'float64'):
-        ext.kcla_branch_forward(x.half(), None, w.half(), z.half(),
-                                gate.half(), weight.half(), u_next.half(),
-                                o.half(), EPS)
+        ext.kcla_branch_stats(x.half(), None, w.half(), z.half(),
+                              gate.half(), weight.half(), u_next.half(),
+                              stats.half(), EPS)
     with pytest.raises(RuntimeError, match='argument `u` is on meta'):
-        ext.kcla_branch_forward(x, u.to('meta'), w, z, gate, weight, u_next,
-                                o, EPS)
+        ext.kcla_branch_stats(x, u.to('meta'), w, z, gate, weight, u_next,
+                              stats, EPS)
+    with pytest.raises(RuntimeError, match='argument `stats` must be '
+                       '\\(B, C, 2\\)'):
+        ext.kcla_branch_stats(x, u, w, z, gate, weight, u_next,
+                              stats[..., 0].contiguous(),
+                              EPS)
     with pytest.raises(RuntimeError, match='argument `keep` must be \\(B,\\)'):
-        ext.kcla_bn_relu_add_forward(o, x, torch.ones(12), torch.ones(12),
-                                     torch.ones(5), torch.empty_like(x),
-                                     relu_mask(x))
+        ext.kcla_branch_apply(x, u_next, z, gate, weight, scale, shift,
+                              torch.ones(5), out, relu_mask(x), EPS)
     with pytest.raises(RuntimeError, match='argument `mask` must be uint8'):
-        ext.kcla_bn_relu_add_forward(o, x, torch.ones(12), torch.ones(12),
-                                     torch.ones(3), torch.empty_like(x),
-                                     relu_mask(x).float())
+        ext.kcla_branch_apply(x, u_next, z, gate, weight, scale, shift, keep,
+                              out, relu_mask(x).float(), EPS)
     with pytest.raises(RuntimeError, match='argument `mask` must be '
                        '\\(B, C, ceil\\(H \\* W / 8\\)\\)'):
-        ext.kcla_bn_relu_add_forward(o, x, torch.ones(12), torch.ones(12),
-                                     torch.ones(3), torch.empty_like(x),
-                                     relu_mask(x)[..., :-1].contiguous())
+        ext.kcla_relu_pool_forward(x.clone(), relu_mask(x)[..., :-1]
+                                   .contiguous(), x.new_empty((3, 12)))
+    with pytest.raises(RuntimeError, match='kcla_branch_bn_sums: argument '
+                       '`z` must be \\(B, G\\)'):
+        ext.kcla_branch_bn_sums(x, u_next, z[0].contiguous(), gate, weight,
+                                keep, relu_mask(x), scale, stats, EPS)
+    with pytest.raises(RuntimeError, match='kcla_branch_backward: argument '
+                       '`out` must be contiguous'):
+        ext.kcla_branch_backward(
+            x, None, out.transpose(2, 3), u_next, w, z, gate, weight, scale,
+            shift, keep, relu_mask(x), scale, scale, scale, out, None, None,
+            stats, x.new_empty((3, 12, 3)), x.new_empty((3, 12, 9)), EPS)
     with pytest.raises(RuntimeError, match="unknown op group 'fused'"):
         ext.device_types('fused')
+
+
+@pytest.mark.parametrize('size', [(1, 1), (3, 3), (5, 7), (9, 9)])
+def test_relu_pool_matches_relu_and_mean(size):
+    """relu_pool: ReLU in place, the mean per plane, and their gradients
+    (float64 gradcheck and against F.relu + mean)."""
+    gen = torch.Generator().manual_seed(1)
+    s = torch.randn(2, 3, *size, generator=gen, dtype=torch.float64)
+    s[0, 0].view(-1)[0] = 0.0  # the kink: ReLU'(0) = 0, as PyTorch
+    leaf = s.clone().requires_grad_()
+    moved = leaf * 1.0  # a non-leaf the op may overwrite
+    x, pooled = relu_pool(moved)
+    assert x is moved  # in place
+    ref_x = F.relu(leaf)
+    torch.testing.assert_close(x, ref_x, rtol=0, atol=0)
+    torch.testing.assert_close(pooled, ref_x.mean((2, 3)))
+    seeds = [torch.randn_like(x), torch.randn_like(pooled)]
+    got = torch.autograd.grad((x, pooled), leaf, seeds)[0]
+    want = torch.autograd.grad((ref_x, ref_x.mean((2, 3))), leaf, seeds)[0]
+    torch.testing.assert_close(got, want)
+    smooth = torch.randn(2, 3, *size, generator=gen, dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda t: relu_pool(t * 1.0),
+                                    [smooth.requires_grad_()])
+
+
+@pytest.mark.parametrize('training', [True, False])
+def test_relu_pool_then_branch_in_place_matches_reference(training):
+    """The backbone's path: the block sum s -> relu_pool -> branch written
+    over x. Values and gradients w.r.t. s and every parameter equal the
+    reference ReLU -> mean -> branch; u_next's gradient may be absent."""
+    x, u, w, z, gate, weight, norm, keep = make_case(torch.float64, b=3,
+                                                     c=8, h=6, w=5, g=2)
+    s = (x * 2).detach().requires_grad_()
+    leaves = [s, u.requires_grad_(), w.requires_grad_(), z.requires_grad_(),
+              gate.requires_grad_(), weight.requires_grad_()]
+    ref_norm = clone_norm(norm).train(training)
+    norm.train(training)
+    xr, pooled = relu_pool(s * 1.0)
+    out, u_next = kcla_branch(xr, u, w * pooled.mean(1, keepdim=True), z,
+                              gate, weight, norm, keep, EPS,
+                              out_in_place=True)
+    ref_x = F.relu(s * 1.0)
+    ref_pooled = ref_x.mean((2, 3))
+    ref = reference_branch(ref_x, u, w * ref_pooled.mean(1, keepdim=True), z,
+                           gate, weight, ref_norm, keep)
+    torch.testing.assert_close(out, ref[0])
+    torch.testing.assert_close(u_next, ref[1])
+    seed = torch.randn_like(out)
+    params = leaves + [norm.weight, norm.bias]
+    ref_params = leaves + [ref_norm.weight, ref_norm.bias]
+    got = torch.autograd.grad(out, params, seed)  # u_next: no gradient
+    want = torch.autograd.grad(ref[0], ref_params, seed)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_baseline_and_avx2_kernels_agree():
+    """The AVX2 + FMA copy of the CPU kernels (the default where the CPU has
+    both) and the baseline copy (KCLA_CPU_ISA=base) give the same values
+    and gradients to float32 round-off."""
+    script = textwrap.dedent(f"""
+        import sys, torch
+        sys.path.insert(0, {osp.dirname(osp.abspath(__file__))!r})
+        from test_kcla_branch import run_reference_case
+        from kcla_mm.ops import get_ext
+        torch.save((get_ext().cpu_isa(), run_reference_case()), sys.argv[1])
+    """)
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for isa in ('base', 'auto'):
+            path = osp.join(tmp, f'{isa}.pt')
+            env = dict(os.environ, KCLA_CPU_ISA=isa)
+            proc = subprocess.run([sys.executable, '-c', script, path],
+                                  env=env, capture_output=True, text=True,
+                                  timeout=300)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            results[isa] = torch.load(path)
+    assert results['base'][0] == 'base'
+    assert results['auto'][0] in ('avx2', 'base')
+    for a, b in zip(results['base'][1], results['auto'][1]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def run_reference_case():
+    """Outputs and gradients of the fused branch on a fixed float32 case."""
+    x, u, w, z, gate, weight, norm, keep = make_case(b=3, c=12, h=13, w=11)
+    norm.train()
+    leaves = [t.requires_grad_() for t in (x, u, w, z, gate, weight)]
+    out = kcla_branch(x, u, w, z, gate, weight, norm, keep, EPS)
+    grads = torch.autograd.grad(out, leaves + [norm.weight, norm.bias],
+                                [torch.ones_like(out[0]),
+                                 torch.ones_like(out[1])])
+    return [t.detach() for t in out] + list(grads)
 
 
 def test_gradients_stay_accurate_when_feature_mean_dwarfs_std():

@@ -46,14 +46,15 @@ def tensors():
     m = lambda: torch.rand(B, C, H, W, **f)  # noqa: E731
     hd = lambda: torch.rand(B, G, **f) + 0.5  # noqa: E731
     ch = lambda: torch.rand(C, **f) + 0.5  # noqa: E731
+    pl = lambda *k: torch.rand(B, C, *k, **f)  # noqa: E731
     return dict(
-        x=m(), u=m(), u_next=m(), agg=m(), o=m(), out=m(), grad_u_next=m(),
-        grad_agg=m(), grad_x=m(), grad_u=m(), grad_out=m(), grad_o=m(),
-        grad_residual=m(), w=hd(), z=hd() + 1, gate=hd() / 2, grad_w=hd(),
-        grad_z=hd(), grad_gate=hd(), weight=torch.rand(C, 1, 3, 3, **f),
-        grad_weight=torch.rand(C, 1, 3, 3, **f), scale=ch(), shift=ch(),
-        mean=ch(), alpha=ch(), beta=ch(), sum_grad=ch(),
-        sum_grad_centered=ch(), keep=torch.ones(B, **f),
+        x=m(), s=m(), u=m(), u_next=m(), u_prev=m(), agg=m(), out=m(),
+        grad_u_next=m(), grad_agg=m(), grad_x=m(), grad_u=m(), grad_out=m(),
+        grad_s=m(), w=hd(), z=hd() + 1, gate=hd() / 2, grad_w=hd(),
+        grad_z=hd(), weight=torch.rand(C, 1, 3, 3, **f), scale=ch(),
+        shift=ch(), mean=ch(), alpha=ch(), beta=ch(), keep=torch.ones(B, **f),
+        pooled=pl(), grad_pooled=pl(), stats=pl(2), bn_sums=pl(2),
+        head_sums=pl(3), weight_sums=pl(9),
         mask=torch.zeros(B, C, (H * W + 7) // 8, dtype=torch.uint8))
 
 
@@ -61,17 +62,19 @@ ENTRIES = {
     'kcla_state_forward': 'x u w z u_next agg',
     'kcla_state_backward': 'grad_u_next grad_agg x w z agg grad_x grad_u '
                            'grad_w grad_z',
-    'kcla_branch_forward': 'x u w z gate weight u_next o',
-    'kcla_branch_recompute': 'u_next z gate weight o',
-    'kcla_bn_relu_add_forward': 'o x scale shift keep out mask',
-    'kcla_bn_relu_add_backward': 'grad_out o scale mask keep mean grad_o '
-                                 'sum_grad sum_grad_centered',
-    'kcla_branch_backward': 'grad_o alpha beta mean grad_u_next '
-                            'grad_residual x u_next w z gate weight grad_x '
-                            'grad_u grad_w grad_z grad_gate grad_weight',
-    'kcla_branch_inference': 'x u w z gate weight scale shift u_next out',
+    'kcla_relu_pool_forward': 's mask pooled',
+    'kcla_relu_pool_backward': 'grad_x grad_pooled mask grad_s',
+    'kcla_branch_stats': 'x u w z gate weight u_next stats',
+    'kcla_branch_forward': 'x u w z gate weight scale shift keep u_next out '
+                           'mask',
+    'kcla_branch_apply': 'x u_next z gate weight scale shift keep out mask',
+    'kcla_branch_bn_sums': 'grad_out u_next z gate weight keep mask mean '
+                           'bn_sums',
+    'kcla_branch_backward': 'grad_out grad_u_next out u_next w z gate weight '
+                            'scale shift keep mask alpha beta mean grad_x '
+                            'grad_u u_prev bn_sums head_sums weight_sums',
 }
-NO_EPS = ('kcla_bn_relu_add_forward', 'kcla_bn_relu_add_backward')
+NO_EPS = ('kcla_relu_pool_forward', 'kcla_relu_pool_backward')
 
 
 def call(entry, names, case, change):

@@ -67,18 +67,22 @@ def save_backbone(path, seed=0, **kwargs):
 
 
 def layer_inputs(model, images):
-    """Per attention layer: (x, U, Z) it receives, cloned at call time."""
+    """Per attention layer: (x, U, Z) it receives, cloned at call time (x
+    after the block's ReLU, which ResNetKCLA leaves to KCLA layers)."""
     captured = {}
     handles = []
     for stage, name in enumerate(model.attn_layers):
         for block, layer in enumerate(getattr(model, name)):
-            def hook(module, args, key=f'{name}.{block}'):
+            def hook(module, args, kwargs, key=f'{name}.{block}'):
                 state = args[1] if len(args) > 1 else None
                 u = getattr(state, 'u', None)
-                captured[key] = (args[0].clone(),
+                x = args[0].clamp_min(0) if kwargs.get('relu_input') else \
+                    args[0]
+                captured[key] = (x.clone(),
                                  None if u is None else u.clone(),
                                  None if u is None else state.z.clone())
-            handles.append(layer.register_forward_pre_hook(hook))
+            handles.append(layer.register_forward_pre_hook(
+                hook, with_kwargs=True))
     with torch.no_grad():
         model(images)
     for h in handles:

@@ -244,6 +244,15 @@ def attention_layers(model: nn.Module) -> List[AttnLayer]:
     return layers
 
 
+def attention_input(args: tuple, kwargs: dict) -> torch.Tensor:
+    """The block output X an attention layer attends with, from the
+    arguments of its forward (a forward pre-hook registered with
+    ``with_kwargs=True``): ResNetKCLA hands KCLA layers the residual sum
+    before the block's final ReLU (``relu_input=True``)."""
+    x = args[0].float()
+    return torch.relu(x) if kwargs.get('relu_input') else x
+
+
 def heatmap(ax, matrix: np.ndarray, row_labels: List[str],
             col_labels: List[str], title: str, vmin: float, vmax: float,
             fmt: str = '{:.2f}', cmap: str = 'viridis',

@@ -59,10 +59,10 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from analysis_utils import (add_backbone_args, attention_layers,  # noqa: E402
-                            build_backbone, check_backbone_args, fail,
-                            heatmap, load_image, new_figure, save_figure,
-                            write_json)
+from analysis_utils import (add_backbone_args, attention_input,  # noqa: E402
+                            attention_layers, build_backbone,
+                            check_backbone_args, fail, heatmap, load_image,
+                            new_figure, save_figure, write_json)
 
 # the tool's consistency check: sum of the recomputed KCLA weights vs the
 # Z of the layer's own state (relative)
@@ -98,9 +98,9 @@ def collect(model: torch.nn.Module, image: torch.Tensor) -> List[dict]:
     records: Dict[str, dict] = {}
     handles = []
 
-    def pre_hook(module, args, layer):
-        x = args[0].float()
-        state = args[1] if len(args) > 1 else None
+    def pre_hook(module, args, kwargs, layer):
+        x = attention_input(args, kwargs)
+        state = args[1] if len(args) > 1 else kwargs.get('state')
         g = module.num_heads
         pooled = x.mean((2, 3))
         query = eca_project(module.q_conv, pooled, g)
@@ -152,7 +152,8 @@ def collect(model: torch.nn.Module, image: torch.Tensor) -> List[dict]:
 
     for layer in layers:
         handles.append(layer.module.register_forward_pre_hook(
-            lambda m, a, layer=layer: pre_hook(m, a, layer)))
+            lambda m, a, kw, layer=layer: pre_hook(m, a, kw, layer),
+            with_kwargs=True))
         handles.append(layer.module.register_forward_hook(
             lambda m, a, o, layer=layer: post_hook(m, a, o, layer)))
     try:

@@ -5,8 +5,10 @@ Prints, for one run on this machine, side by side and as ratios:
       batch 4, 224x224) and inference (eval, no grad);
   (b) activation memory of a training step: the distinct storages autograd
       keeps for backward after one forward (batch 8), parameters excluded;
-  (c) the fused KCLA layer vs its PyTorch reference path, forward +
-      backward of one layer at each ResNet-50 stage size (batch 4);
+  (c) the fused op vs its PyTorch reference: one layer's feature-map work
+      (the block's final ReLU, GAP, state update, normalisation, depthwise
+      3x3, gate, BN with batch statistics, ReLU, drop-path, add), forward
+      + backward at each ResNet-50 stage size (batch 4);
   (d) time and state memory of a stack of 8/16/32/64 layers for KCLA,
       standard layer attention and MRLA-light;
   (e) ExternalAttention vs mmcv's NonLocal2d (embedded Gaussian), one
@@ -31,6 +33,7 @@ from typing import Callable, Dict, Sequence
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -38,6 +41,8 @@ from torch.utils._pytree import tree_flatten
 from kcla_mm.models import ResNetKCLA
 from kcla_mm.models.layers import (ExternalAttention, KCLALayer,
                                    LayerAttention, MRLALight)
+from kcla_mm.ops import kcla_state_update_reference
+from kcla_mm.ops.kcla_branch import kcla_branch, relu_pool
 
 STAGES_R50 = ((256, 56), (512, 28), (1024, 14), (2048, 7))
 
@@ -180,28 +185,69 @@ def section_b(args):
         saved_activation_bytes(kcla, x) / 2**20, 'MiB')
 
 
-def layer_step(layer, x, backward=True):
+def branch_case(channels: int, size: int, device: str, batch: int = 4):
+    """Inputs of one layer's feature-map work at a stage size: the block's
+    pre-ReLU sum, the incoming state, per-head scalars, a training BN."""
+    torch.manual_seed(0)
+    g = channels // 64
+    s = torch.randn(batch, channels, size, size, device=device,
+                    requires_grad=True)
+    u = torch.rand(batch, channels, size, size, device=device) * 3
+    w = (torch.rand(batch, g, device=device) + 0.5).requires_grad_()
+    z = (w.detach() + 2).requires_grad_()
+    gate = torch.rand(batch, g, device=device).requires_grad_()
+    weight = (torch.randn(channels, 1, 3, 3, device=device) /
+              3).requires_grad_()
+    keep = torch.tensor([1.25, 1.25, 0.0, 1.25][:batch], device=device)
+    norm = nn.BatchNorm2d(channels).to(device).train()
+    return s, u, w, z, gate, weight, keep, norm
+
+
+def branch_reference(s, u, w, z, gate, weight, keep, norm, eps=1e-3):
+    """The same maths with PyTorch ops, as KCLALayer's reference path runs
+    it: ReLU, GAP, state update, DWConv, gate, BN, ReLU, drop-path, add."""
+    b, c, h, wd = s.shape
+    g = w.shape[1]
+    x = F.relu(s)
+    pooled = x.mean((2, 3))
+    u_next, agg = kcla_state_update_reference(x, u, w, z, eps)
+    o = F.conv2d(agg, weight, padding=1, groups=c)
+    o = (o.view(b, g, c // g, h, wd) * gate.view(b, g, 1, 1, 1)).view_as(o)
+    y = F.relu(norm(o)) * keep.view(b, 1, 1, 1)
+    return x + y, u_next, pooled
+
+
+def branch_fused(s, u, w, z, gate, weight, keep, norm, eps=1e-3):
+    """The fused op: relu_pool, then the branch written over its output."""
+    x, pooled = relu_pool(s)
+    out, u_next = kcla_branch(x, u, w, z, gate, weight, norm, keep, eps,
+                              out_in_place=True)
+    return out, u_next, pooled
+
+
+def branch_step(fn, case):
+    s, *rest = case
+
     def step():
-        out, state = layer(x)
-        if backward:
-            out.sum().backward()
+        outs = fn(s * 1.0, *rest)  # a fresh non-leaf input, as a block's
+        torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
     return step
 
 
 def section_c(args):
-    print('(c) one KCLA layer, forward + backward, batch 4'
-          f'{"":>13}{"PyTorch":>12} {"fused":>12}      ratio')
+    print('(c) the fused op vs its PyTorch reference: ReLU + GAP + steps '
+          '4-8 of one layer, forward + backward, batch 4, BN training')
+    print(f'  {"stage size":<34} {"PyTorch":>12} {"fused":>12}      '
+          f'ratio (PyTorch / fused)')
     for channels, size in STAGES_R50:
-        x = torch.rand(4, channels, size, size, device=args.device,
-                       requires_grad=True)
-        times = {}
-        for impl in ('torch', 'fused'):
-            torch.manual_seed(0)
-            layer = KCLALayer(channels, impl=impl).to(args.device).train()
-            times[impl] = median_time(layer_step(layer, x), args.runs,
-                                      args.warmup, args.device)
-        row(f'{channels} channels at {size}x{size}', times['torch'] * 1e3,
-            times['fused'] * 1e3, 'ms')
+        case = branch_case(channels, size, args.device)
+        t_ref = median_time(branch_step(branch_reference, case), args.runs,
+                            args.warmup, args.device)
+        t_fused = median_time(branch_step(branch_fused, case), args.runs,
+                              args.warmup, args.device)
+        print(f'  {f"{channels} channels at {size}x{size}":<34} '
+              f'{t_ref * 1e3:>12.2f} {t_fused * 1e3:>12.2f} ms  '
+              f'{t_ref / t_fused:>6.2f}x faster')
 
 
 def section_d(args):
@@ -343,10 +389,12 @@ def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     from kcla_mm.ops import ext_device_types
+    from kcla_mm.ops import get_ext
+    isa = get_ext().cpu_isa() if get_ext() is not None else 'none'
     print(f'torch {torch.__version__}, device {args.device}, threads '
           f'{torch.get_num_threads()} (pinned), median of {args.runs} runs '
           f'after {args.warmup} warm-up; kcla_mm._ext devices: '
-          f'{list(ext_device_types())}')
+          f'{list(ext_device_types("branch"))}, CPU kernels: {isa}')
     for key, fn in (('a', section_a), ('b', section_b), ('c', section_c),
                     ('d', section_d), ('e', section_e)):
         if key in args.sections:

@@ -40,10 +40,10 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from analysis_utils import (add_backbone_args, attention_layers,  # noqa: E402
-                            build_backbone, check_backbone_args, fail,
-                            find_images, heatmap, load_images, new_figure,
-                            save_figure, write_json)
+from analysis_utils import (add_backbone_args, attention_input,  # noqa: E402
+                            attention_layers, build_backbone,
+                            check_backbone_args, fail, find_images, heatmap,
+                            load_images, new_figure, save_figure, write_json)
 
 
 def parse_args(argv=None):
@@ -84,12 +84,13 @@ def collect_keys(model: torch.nn.Module, images: torch.Tensor,
     keys: Dict[str, List[torch.Tensor]] = {l.name: [] for l in layers}
     handles = []
     for layer in layers:
-        def hook(module, args, name=layer.name):
-            gap = args[0].float().mean((2, 3))
+        def hook(module, args, kwargs, name=layer.name):
+            gap = attention_input(args, kwargs).mean((2, 3))
             pooled[name].append(gap)
             keys[name].append(eca_project(module.k_conv, gap,
                                           module.num_heads))
-        handles.append(layer.module.register_forward_pre_hook(hook))
+        handles.append(layer.module.register_forward_pre_hook(
+            hook, with_kwargs=True))
     try:
         for start in range(0, len(images), batch_size):
             model(images[start:start + batch_size])

@@ -70,10 +70,14 @@ class BasicBlock(BaseModule):
     def last_norm(self) -> nn.Module:
         return self.norm2
 
-    def forward(self, x: Tensor, identity: Optional[Tensor] = None) -> Tensor:
+    def forward(self,
+                x: Tensor,
+                identity: Optional[Tensor] = None,
+                final_relu: bool = True) -> Tensor:
         """(B, C_in, H, W) -> (B, C_out, H', W'); ``identity``: the
         shortcut if the caller already computed it (default: downsample(x)
-        or x)."""
+        or x); ``final_relu=False`` returns the residual sum before the
+        block's last ReLU (for a layer that applies it itself)."""
 
         def _inner_forward(x, identity):
             if identity is None:
@@ -88,7 +92,7 @@ class BasicBlock(BaseModule):
                                 use_reentrant=False)
         else:
             out = _inner_forward(x, identity)
-        return self.relu(out)
+        return self.relu(out) if final_relu else out
 
 
 class Bottleneck(BaseModule):
@@ -200,10 +204,14 @@ class Bottleneck(BaseModule):
     def last_norm(self) -> nn.Module:
         return self.norm3
 
-    def forward(self, x: Tensor, identity: Optional[Tensor] = None) -> Tensor:
+    def forward(self,
+                x: Tensor,
+                identity: Optional[Tensor] = None,
+                final_relu: bool = True) -> Tensor:
         """(B, C_in, H, W) -> (B, 4 planes, H', W'); ``identity``: the
         shortcut if the caller already computed it (default: downsample(x)
-        or x)."""
+        or x); ``final_relu=False`` returns the residual sum before the
+        block's last ReLU (for a layer that applies it itself)."""
 
         def _inner_forward(x, identity):
             if identity is None:
@@ -222,7 +230,7 @@ class Bottleneck(BaseModule):
                                 use_reentrant=False)
         else:
             out = _inner_forward(x, identity)
-        return self.relu(out)
+        return self.relu(out) if final_relu else out
 
 
 def make_res_layer(block: type,

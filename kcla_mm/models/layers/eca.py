@@ -32,6 +32,10 @@ def eca_project(conv: nn.Conv1d, pooled: Tensor, num_heads: int) -> Tensor:
     """
     b, c = pooled.shape
     dtype = state_dtype(pooled)
-    out = F.conv1d(pooled.to(dtype).view(b, 1, c), conv.weight.to(dtype),
-                   padding=conv.padding)
+    # the same cross-correlation as conv(pooled), as windows @ kernel: CPU
+    # convolution backends take milliseconds for this (B, 1, C) input
+    pad = conv.padding[0]
+    windows = F.pad(pooled.to(dtype), (pad, pad)).unfold(
+        1, conv.kernel_size[0], 1)
+    out = windows @ conv.weight.to(dtype).view(-1)
     return out.view(b, num_heads, c // num_heads)

@@ -10,14 +10,17 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
 from mmcv.cnn.bricks.drop import DropPath
 from mmengine.model import BaseModule
 from torch import Tensor
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from kcla_mm.ops import kcla_state_update
 from kcla_mm.ops.kcla_branch import (StateTape, branch_supported,
-                                     kcla_branch, kcla_branch_inference)
+                                     kcla_branch, kcla_branch_inference,
+                                     relu_pool)
 from kcla_mm.ops.kcla_state import IMPLS
 from .eca import build_eca_conv, eca_project
 from .state import KCLAState
@@ -35,6 +38,23 @@ def layer_weights(key: Tensor, norm_d: Tensor) -> Tensor:
     """w_g = exp(min(|K_g| / norm_d_g, 10)) for keys (B, G, d) -> (B, G)."""
     return torch.exp(torch.clamp(key.norm(dim=-1) / norm_d,
                                  max=MAX_LOG_WEIGHT))
+
+
+@contextlib.contextmanager
+def running_stats_kept(module: nn.Module):
+    """Restore the BatchNorm running statistics of ``module`` on exit (a
+    forward recomputed in backward must not update them twice)."""
+    norms = [m for m in module.modules()
+             if isinstance(m, _BatchNorm) and m.track_running_stats]
+    saved = [(m.running_mean.clone(), m.running_var.clone(),
+              m.num_batches_tracked.clone()) for m in norms]
+    try:
+        yield
+    finally:
+        for m, (mean, var, count) in zip(norms, saved):
+            m.running_mean.copy_(mean)
+            m.running_var.copy_(var)
+            m.num_batches_tracked.copy_(count)
 
 
 class KCLAStateAdapter(BaseModule):
@@ -284,14 +304,7 @@ class KCLALayer(BaseModule):
                     f'{owner}: this init layer adapts an incoming state '
                     f'(state_in_channels={self.adapter.in_channels}) but '
                     'got none')
-            a, key = self.adapter(state, self.num_heads, x.shape[2:])
-            spatial_check(a.shape[2:], x.shape[2:], owner,
-                          'check the stage stride (state_stride)')
-            z = layer_weights(key, self.norm_d)
-            b, c, h, w = a.shape
-            u = (a.view(b, self.num_heads, -1, h, w) *
-                 z.view(b, self.num_heads, 1, 1, 1)).view(b, c, h, w)
-            return u, z
+            return self._adapted_state(state, x.shape[2:])
         if state is None:
             return None, None
         if tuple(state.u.shape) != tuple(x.shape) \
@@ -304,6 +317,35 @@ class KCLALayer(BaseModule):
                 'state_in_channels')
         return state.u, state.z
 
+    def _adapted_state(self, state: KCLAState,
+                       size: Tuple[int, int]) -> Tuple[Tensor, Tensor]:
+        """U = z A', Z = z from the adapter (Algorithm 1).
+
+        With gradients on, the adapter is recomputed in backward instead of
+        keeping its maps (A', the conv and BN outputs): only the incoming
+        state is kept, which the previous layer keeps anyway. The recompute
+        leaves the running BN statistics alone.
+        """
+        calls = []
+
+        def adapt(u: Tensor, z: Tensor) -> Tuple[Tensor, Tensor]:
+            kept = running_stats_kept(self.adapter) if calls else \
+                contextlib.nullcontext()
+            calls.append(True)
+            with kept:
+                a, key = self.adapter(KCLAState(u, z), self.num_heads, size)
+            spatial_check(a.shape[2:], size, type(self).__name__,
+                          'check the stage stride (state_stride)')
+            z = layer_weights(key, self.norm_d)
+            b, c, h, w = a.shape
+            u = (a.view(b, self.num_heads, -1, h, w) *
+                 z.view(b, self.num_heads, 1, 1, 1)).view(b, c, h, w)
+            return u, z
+
+        if torch.is_grad_enabled() and not torch.jit.is_tracing():
+            return cp.checkpoint(adapt, state.u, state.z, use_reentrant=False)
+        return adapt(state.u, state.z)
+
     def _use_fused_branch(self, x: Tensor) -> bool:
         """Fused kernels for steps 4-8 (float32 BN layers, extension built;
         not while torch.jit traces, e.g. FLOP counting or export: the
@@ -314,10 +356,11 @@ class KCLALayer(BaseModule):
 
     def _fused_branch(self, x: Tensor, u: Optional[Tensor], weight: Tensor,
                       z: Tensor, gate: Tensor,
-                      tape_in: Optional[StateTape]
+                      tape_in: Optional[StateTape], out_in_place: bool
                       ) -> Tuple[Tensor, KCLAState]:
         """(X + Y, state) through ``kcla_mm._ext``; in no-grad eval mode the
-        incoming U is updated in place."""
+        incoming U is updated in place; with ``out_in_place`` X + Y is
+        written over ``x``."""
         b, _, h, w = x.shape
         if self.norm.training or self.norm.running_mean is None:
             if b * h * w == 1:  # as nn.BatchNorm2d (the torch path) raises
@@ -328,7 +371,7 @@ class KCLALayer(BaseModule):
         elif not torch.is_grad_enabled():
             out, u = kcla_branch_inference(x, u, weight, z, gate,
                                            self.v_conv.weight, self.norm,
-                                           self.eps)
+                                           self.eps, out_in_place)
             return out, KCLAState(u, z)
         keep = x.new_ones(b)
         drop_prob = getattr(self.drop_path, 'drop_prob', 0.0)
@@ -339,18 +382,23 @@ class KCLALayer(BaseModule):
                 device=x.device)).floor_().view(b) / keep_prob
         tape_out = StateTape() if self.invert_state else None
         out, u = kcla_branch(x, u, weight, z, gate, self.v_conv.weight,
-                             self.norm, keep, self.eps, tape_in, tape_out)
+                             self.norm, keep, self.eps, tape_in, tape_out,
+                             out_in_place)
         return out, KCLAState(u, z, tape_out)
 
     def forward(self,
                 x: Tensor,
-                state: Optional[KCLAState] = None
-                ) -> Tuple[Tensor, KCLAState]:
+                state: Optional[KCLAState] = None,
+                relu_input: bool = False) -> Tuple[Tensor, KCLAState]:
         """Attend to the earlier layers and add the result to ``x``.
 
         Args:
             x (Tensor): the block output, (B, C, H, W).
             state (KCLAState, optional): the state after the previous layer.
+            relu_input (bool): ``x`` is the block's residual sum before its
+                final ReLU; the layer applies that ReLU itself (on the fused
+                path together with its pooling, saving nothing but a bit
+                mask) and may overwrite ``x``. Defaults to False.
 
         Returns:
             tuple[Tensor, KCLAState]: X + Y (B, C, H, W) and the new state.
@@ -365,7 +413,17 @@ class KCLALayer(BaseModule):
             contextlib.nullcontext()
         with no_autocast:
             dtype = state_dtype(x)
-            pooled = x.to(dtype).mean((2, 3))
+            fused = self._use_fused_branch(x)
+            if fused:
+                x_in = x.to(dtype).contiguous()
+                if relu_input:
+                    x_in, pooled = relu_pool(x_in)
+                else:
+                    pooled = x_in.mean((2, 3))
+            else:
+                if relu_input:
+                    x = F.relu(x, inplace=True)
+                pooled = x.to(dtype).mean((2, 3))
             query = eca_project(self.q_conv, pooled, g)
             key = eca_project(self.k_conv, pooled, g)
             weight = layer_weights(key, self.norm_d)
@@ -375,7 +433,6 @@ class KCLALayer(BaseModule):
                 F.linear(relevance, self.gate.weight.to(dtype)))
             u, z = self._initial_state(x, state)
             z = weight if z is None else z + weight
-            fused = self._use_fused_branch(x)
             tape_in = None if state is None else state.tape
             if tape_in is not None and (self.adapter is not None
                                         or not fused):
@@ -385,8 +442,8 @@ class KCLALayer(BaseModule):
                     'continue it on the fused training path; set '
                     'invert_state=False on the previous layer')
             if fused:
-                out, new_state = self._fused_branch(
-                    x.to(dtype).contiguous(), u, weight, z, gate, tape_in)
+                out, new_state = self._fused_branch(x_in, u, weight, z, gate,
+                                                    tape_in, relu_input)
                 return out.to(x.dtype), new_state
             u, agg = kcla_state_update(
                 x.to(dtype), weight, z, u, eps=self.eps, impl=self.impl)

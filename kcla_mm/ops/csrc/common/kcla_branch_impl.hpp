@@ -1,103 +1,125 @@
-// Declarations of the fused KCLA branch ops (spec section 2, steps 4-8).
+// Declarations of the fused KCLA branch ops (spec section 2, steps 4-8),
+// with the block's final ReLU and KCLA's GAP folded in.
 //
-// Shapes: x, u, u_next, o, out and their gradients: (B, C, H, W)
+// Shapes: s, x, u, u_next, u_prev, out and their gradients: (B, C, H, W)
 // contiguous; w, z, gate: (B, G) with G dividing C (head g owns channels
 // [g * C / G, (g + 1) * C / G)); weight: (C, 1, 3, 3), the depthwise conv;
-// scale, shift: (C,), the folded BN; keep: (B,), drop-path multipliers;
-// mask: (B, C, ceil(H * W / 8)) uint8, the ReLU's decisions, bit i % 8 of
-// byte i / 8 for position i of a plane (backward uses the exact forward
-// decisions, even where o is recomputed from a state recovered by inversion).
+// scale, shift, alpha, beta, mean: (C,); keep: (B,), drop-path multipliers;
+// pooled: (B, C); per-plane partial sums: (B, C, k); masks: (B, C,
+// ceil(H * W / 8)) uint8, bit i % 8 of byte i / 8 for position i of a plane.
 //
-//   u_next = u + w * x                       (u undefined: w * x)
+//   x      = ReLU(s)                          (in place, kcla_relu_pool)
+//   u_next = u + w * x                        (u undefined: w * x)
 //   o      = gate * DWConv3x3(u_next / (z + eps))
 //   out    = x + keep * ReLU(scale * o + shift)
+//
+// Training saves out (the next block's conv keeps it anyway), u_next (or
+// nothing, when the next layer inverts the running sum) and two bit masks;
+// backward recomputes o from u_next and recovers x = out - keep * ReLU(.).
 #ifndef KCLA_BRANCH_IMPL_HPP
 #define KCLA_BRANCH_IMPL_HPP
 #include <torch/extension.h>
 
-// u_next and o from (x, u); one pass per (b, c) plane.
+#include <string>
+
+// s = ReLU(s) in place; mask (optional) = [s > 0]; pooled = mean over H, W.
+void kcla_relu_pool_forward_impl(at::Tensor s, at::Tensor mask,
+                                 at::Tensor pooled);
+
+// grad_s = mask * (grad_x + grad_pooled / (H * W)).
+void kcla_relu_pool_backward_impl(const at::Tensor grad_x,
+                                  const at::Tensor grad_pooled,
+                                  const at::Tensor mask, at::Tensor grad_s);
+
+// u_next, and stats[b, c] = (mean, sum of squared deviations) of o over the
+// plane (BN's batch statistics are combined from them).
+void kcla_branch_stats_impl(const at::Tensor x, const at::Tensor u,
+                            const at::Tensor w, const at::Tensor z,
+                            const at::Tensor gate, const at::Tensor weight,
+                            at::Tensor u_next, at::Tensor stats, double eps);
+
+// The whole branch in one pass: u_next (may alias u) and out (may alias x);
+// keep undefined = 1; mask (optional) = [scale * o + shift > 0].
 void kcla_branch_forward_impl(const at::Tensor x, const at::Tensor u,
                               const at::Tensor w, const at::Tensor z,
                               const at::Tensor gate, const at::Tensor weight,
-                              at::Tensor u_next, at::Tensor o, double eps);
+                              const at::Tensor scale, const at::Tensor shift,
+                              const at::Tensor keep, at::Tensor u_next,
+                              at::Tensor out, at::Tensor mask, double eps);
 
-// out = x + keep * ReLU(scale * o + shift); mask = [scale * o + shift > 0].
-void kcla_bn_relu_add_forward_impl(const at::Tensor o, const at::Tensor x,
-                                   const at::Tensor scale,
-                                   const at::Tensor shift,
-                                   const at::Tensor keep, at::Tensor out,
-                                   at::Tensor mask);
+// out (may alias x) and mask from an already updated u_next (second pass
+// after kcla_branch_stats).
+void kcla_branch_apply_impl(const at::Tensor x, const at::Tensor u_next,
+                            const at::Tensor z, const at::Tensor gate,
+                            const at::Tensor weight, const at::Tensor scale,
+                            const at::Tensor shift, const at::Tensor keep,
+                            at::Tensor out, at::Tensor mask, double eps);
 
-// o = gate * DWConv3x3(u_next / (z + eps)) again (backward recompute).
-void kcla_branch_recompute_impl(const at::Tensor u_next, const at::Tensor z,
-                                const at::Tensor gate, const at::Tensor weight,
-                                at::Tensor o, double eps);
+// bn_sums[b, c] = (sum g, sum g * (o - mean[c])) over the plane, with
+// g = grad_out * keep * mask: BN's batch-statistics terms for backward.
+void kcla_branch_bn_sums_impl(const at::Tensor grad_out,
+                              const at::Tensor u_next, const at::Tensor z,
+                              const at::Tensor gate, const at::Tensor weight,
+                              const at::Tensor keep, const at::Tensor mask,
+                              const at::Tensor mean, at::Tensor bn_sums,
+                              double eps);
 
-// Backward of out = x + keep * ReLU(scale * o + shift) with scale, shift
-// held constant: g_n = grad_out * keep * mask,
-// grad_o = scale * g_n; sum_grad[c] = sum g_n and
-// sum_grad_centered[c] = sum g_n * (o - mean[c]) (centred: no cancellation
-// when |mean| >> std).
-void kcla_bn_relu_add_backward_impl(const at::Tensor grad_out,
-                                    const at::Tensor o, const at::Tensor scale,
-                                    const at::Tensor mask,
-                                    const at::Tensor keep,
-                                    const at::Tensor mean, at::Tensor grad_o,
-                                    at::Tensor sum_grad,
-                                    at::Tensor sum_grad_centered);
-
-// Gradients of kcla_branch_forward. The gradient reaching o is
-// grad_o + alpha[c] + beta[c] * (o - mean[c]) (the affine term carries BN's
-// batch statistics in training; zeros in eval). grad_x also receives
-// grad_residual (the gradient reaching x directly); grad_u is undefined
-// when u was.
+// Gradients of the branch. The gradient reaching o is
+// scale * g + alpha[c] + beta[c] * (o - mean[c]) (alpha, beta carry BN's
+// batch statistics; zeros with running statistics). grad_x = grad_out +
+// w * grad_u (the ReLU of s is kcla_relu_pool's). Per-plane partials:
+// bn_sums as kcla_branch_bn_sums; head_sums = (d/dw, d/dz, d/dgate);
+// weight_sums = d/dweight (9 taps). grad_u_next and grad_u are optional;
+// u_prev (optional, may alias u_next) = u_next - w * x inverts the state.
 void kcla_branch_backward_impl(
-    const at::Tensor grad_o, const at::Tensor alpha, const at::Tensor beta,
-    const at::Tensor mean, const at::Tensor grad_u_next, const at::Tensor grad_residual,
-    const at::Tensor x, const at::Tensor u_next, const at::Tensor w,
+    const at::Tensor grad_out, const at::Tensor grad_u_next,
+    const at::Tensor out, const at::Tensor u_next, const at::Tensor w,
     const at::Tensor z, const at::Tensor gate, const at::Tensor weight,
-    at::Tensor grad_x, at::Tensor grad_u, at::Tensor grad_w, at::Tensor grad_z,
-    at::Tensor grad_gate, at::Tensor grad_weight, double eps);
+    const at::Tensor scale, const at::Tensor shift, const at::Tensor keep,
+    const at::Tensor mask, const at::Tensor alpha, const at::Tensor beta,
+    const at::Tensor mean, at::Tensor grad_x, at::Tensor grad_u,
+    at::Tensor u_prev, at::Tensor bn_sums, at::Tensor head_sums,
+    at::Tensor weight_sums, double eps);
 
-// Inference: u_next = u + w * x (u_next may alias u: in place);
-// out = x + ReLU(scale * gate * DWConv3x3(u_next / (z + eps)) + shift),
-// one pass per plane.
-void kcla_branch_inference_impl(const at::Tensor x, const at::Tensor u,
-                                const at::Tensor w, const at::Tensor z,
-                                const at::Tensor gate, const at::Tensor weight,
-                                const at::Tensor scale, const at::Tensor shift,
-                                at::Tensor u_next, at::Tensor out, double eps);
+// The instruction set the CPU kernels run with: "avx2" or "base"
+// (pytorch/cpu/kcla_branch.cpp).
+std::string kcla_cpu_isa();
 
 // Python-facing entries (pytorch/kcla_branch.cpp): check, then dispatch.
-void kcla_branch_forward(const at::Tensor x, const c10::optional<at::Tensor> u,
+using OptTensor = c10::optional<at::Tensor>;
+void kcla_relu_pool_forward(at::Tensor s, const OptTensor mask,
+                            at::Tensor pooled);
+void kcla_relu_pool_backward(const at::Tensor grad_x,
+                             const at::Tensor grad_pooled,
+                             const at::Tensor mask, at::Tensor grad_s);
+void kcla_branch_stats(const at::Tensor x, const OptTensor u,
+                       const at::Tensor w, const at::Tensor z,
+                       const at::Tensor gate, const at::Tensor weight,
+                       at::Tensor u_next, at::Tensor stats, double eps);
+void kcla_branch_forward(const at::Tensor x, const OptTensor u,
                          const at::Tensor w, const at::Tensor z,
                          const at::Tensor gate, const at::Tensor weight,
-                         at::Tensor u_next, at::Tensor o, double eps);
-void kcla_branch_recompute(const at::Tensor u_next, const at::Tensor z,
-                           const at::Tensor gate, const at::Tensor weight,
-                           at::Tensor o, double eps);
-void kcla_bn_relu_add_forward(const at::Tensor o, const at::Tensor x,
-                              const at::Tensor scale, const at::Tensor shift,
-                              const at::Tensor keep, at::Tensor out,
-                              at::Tensor mask);
-void kcla_bn_relu_add_backward(const at::Tensor grad_out, const at::Tensor o,
-                               const at::Tensor scale, const at::Tensor mask,
-                               const at::Tensor keep, const at::Tensor mean,
-                               at::Tensor grad_o, at::Tensor sum_grad,
-                               at::Tensor sum_grad_centered);
+                         const at::Tensor scale, const at::Tensor shift,
+                         const OptTensor keep, at::Tensor u_next,
+                         at::Tensor out, const OptTensor mask, double eps);
+void kcla_branch_apply(const at::Tensor x, const at::Tensor u_next,
+                       const at::Tensor z, const at::Tensor gate,
+                       const at::Tensor weight, const at::Tensor scale,
+                       const at::Tensor shift, const at::Tensor keep,
+                       at::Tensor out, at::Tensor mask, double eps);
+void kcla_branch_bn_sums(const at::Tensor grad_out, const at::Tensor u_next,
+                         const at::Tensor z, const at::Tensor gate,
+                         const at::Tensor weight, const at::Tensor keep,
+                         const at::Tensor mask, const at::Tensor mean,
+                         at::Tensor bn_sums, double eps);
 void kcla_branch_backward(
-    const at::Tensor grad_o, const at::Tensor alpha, const at::Tensor beta,
-    const at::Tensor mean, const at::Tensor grad_u_next, const at::Tensor grad_residual,
-    const at::Tensor x, const at::Tensor u_next, const at::Tensor w,
+    const at::Tensor grad_out, const OptTensor grad_u_next,
+    const at::Tensor out, const at::Tensor u_next, const at::Tensor w,
     const at::Tensor z, const at::Tensor gate, const at::Tensor weight,
-    at::Tensor grad_x, const c10::optional<at::Tensor> grad_u,
-    at::Tensor grad_w, at::Tensor grad_z, at::Tensor grad_gate,
-    at::Tensor grad_weight, double eps);
-void kcla_branch_inference(const at::Tensor x,
-                           const c10::optional<at::Tensor> u,
-                           const at::Tensor w, const at::Tensor z,
-                           const at::Tensor gate, const at::Tensor weight,
-                           const at::Tensor scale, const at::Tensor shift,
-                           at::Tensor u_next, at::Tensor out, double eps);
+    const at::Tensor scale, const at::Tensor shift, const at::Tensor keep,
+    const at::Tensor mask, const at::Tensor alpha, const at::Tensor beta,
+    const at::Tensor mean, at::Tensor grad_x, const OptTensor grad_u,
+    const OptTensor u_prev, at::Tensor bn_sums, at::Tensor head_sums,
+    at::Tensor weight_sums, double eps);
 
 #endif  // KCLA_BRANCH_IMPL_HPP

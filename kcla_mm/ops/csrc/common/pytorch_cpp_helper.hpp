@@ -39,40 +39,45 @@ T* data_ptr_or_null(const at::Tensor& t) {
 class FeatureArgChecker {
  public:
   FeatureArgChecker(const char* op, const at::Tensor& x,
-                    const at::Tensor& w = at::Tensor(), bool any_float = false)
-      : op_(op), x_(x), w_(w) {
-    check_contiguous(x, op, "x");
-    TORCH_CHECK(x.dim() == 4, op, ": argument `x` must be 4-D (B, C, H, W), "
-                "got ", x.sizes());
+                    const at::Tensor& w = at::Tensor(), bool any_float = false,
+                    const char* x_name = "x", const char* w_name = "w")
+      : op_(op), x_(x), w_(w), x_name_(x_name), w_name_(w_name) {
+    check_contiguous(x, op, x_name);
+    TORCH_CHECK(x.dim() == 4, op, ": argument `", x_name,
+                "` must be 4-D (B, C, H, W), got ", x.sizes());
     if (any_float) {
-      TORCH_CHECK(at::isFloatingType(x.scalar_type()), op,
-                  ": argument `x` must be floating point, got ",
+      TORCH_CHECK(at::isFloatingType(x.scalar_type()), op, ": argument `",
+                  x_name, "` must be floating point, got ",
                   x.scalar_type());
     } else {
       TORCH_CHECK(x.scalar_type() == at::kFloat ||
                       x.scalar_type() == at::kDouble,
-                  op, ": argument `x` must be float32 or float64, got ",
+                  op, ": argument `", x_name,
+                  "` must be float32 or float64, got ",
                   x.scalar_type());
     }
     if (!w.defined()) return;  // ops without per-head arguments
-    check_contiguous(w, op, "w");
-    check_same_device_dtype(w, "w", x, "x", op);
+    check_contiguous(w, op, w_name);
+    check_same_device_dtype(w, w_name, x, x_name, op);
     TORCH_CHECK(w.dim() == 2 && w.size(0) == x.size(0) && w.size(1) > 0 &&
                     x.size(1) % w.size(1) == 0,
-                op, ": argument `w` must be (B, G) with B = ", x.size(0),
+                op, ": argument `", w_name, "` must be (B, G) with B = ",
+                x.size(0),
                 " and G dividing C = ", x.size(1), ", got ", w.sizes());
   }
   void map(const at::Tensor& t, const char* name) const {
     if (!t.defined()) return;
     check(t, name);
     TORCH_CHECK(t.sizes() == x_.sizes(), op_, ": argument `", name,
-                "` must have the shape of `x` ", x_.sizes(), ", got ",
+                "` must have the shape of `", x_name_, "` ", x_.sizes(),
+                ", got ",
                 t.sizes());
   }
   void heads(const at::Tensor& t, const char* name) const {
     check(t, name);
     TORCH_CHECK(t.sizes() == w_.sizes(), op_, ": argument `", name,
-                "` must have the shape of `w` ", w_.sizes(), ", got ",
+                "` must have the shape of `", w_name_, "` ", w_.sizes(),
+                ", got ",
                 t.sizes());
   }
   void channels(const at::Tensor& t, const char* name) const {
@@ -99,6 +104,16 @@ class FeatureArgChecker {
                 " = (", x_.size(0), ", ", x_.size(1), ", ", bytes, "), got ",
                 t.sizes());
   }
+  // (B, C) when k == 0, else (B, C, k): per-plane values.
+  void planes(const at::Tensor& t, const char* name, int64_t k = 0) const {
+    check(t, name);
+    const bool ok = k == 0 ? t.dim() == 2 : t.dim() == 3 && t.size(2) == k;
+    TORCH_CHECK(ok && t.size(0) == x_.size(0) && t.size(1) == x_.size(1),
+                op_, ": argument `", name, "` must be (B, C",
+                k == 0 ? std::string() : ", " + std::to_string(k),
+                ") with B = ", x_.size(0), ", C = ", x_.size(1), ", got ",
+                t.sizes());
+  }
   void kernel(const at::Tensor& t, const char* name) const {
     check(t, name);
     TORCH_CHECK(t.dim() == 4 && t.size(0) == x_.size(1) && t.size(1) == 1 &&
@@ -110,11 +125,13 @@ class FeatureArgChecker {
  private:
   void check(const at::Tensor& t, const char* name) const {
     check_contiguous(t, op_, name);
-    check_same_device_dtype(t, name, x_, "x", op_);
+    check_same_device_dtype(t, name, x_, x_name_, op_);
   }
   const char* op_;
   const at::Tensor x_;
   const at::Tensor w_;
+  const char* x_name_;
+  const char* w_name_;
 };
 
 #endif  // KCLA_PYTORCH_CPP_HELPER

@@ -3,177 +3,209 @@
 #include "pytorch_cpp_helper.hpp"
 #include "pytorch_device_registry.hpp"
 
+void kcla_relu_pool_forward_impl(at::Tensor s, at::Tensor mask,
+                                 at::Tensor pooled) {
+  DISPATCH_DEVICE_IMPL(kcla_relu_pool_forward_impl, s, mask, pooled);
+}
+
+void kcla_relu_pool_backward_impl(const at::Tensor grad_x,
+                                  const at::Tensor grad_pooled,
+                                  const at::Tensor mask, at::Tensor grad_s) {
+  DISPATCH_DEVICE_IMPL(kcla_relu_pool_backward_impl, grad_x, grad_pooled,
+                       mask, grad_s);
+}
+
+void kcla_branch_stats_impl(const at::Tensor x, const at::Tensor u,
+                            const at::Tensor w, const at::Tensor z,
+                            const at::Tensor gate, const at::Tensor weight,
+                            at::Tensor u_next, at::Tensor stats, double eps) {
+  DISPATCH_DEVICE_IMPL(kcla_branch_stats_impl, x, u, w, z, gate, weight,
+                       u_next, stats, eps);
+}
+
 void kcla_branch_forward_impl(const at::Tensor x, const at::Tensor u,
                               const at::Tensor w, const at::Tensor z,
                               const at::Tensor gate, const at::Tensor weight,
-                              at::Tensor u_next, at::Tensor o, double eps) {
+                              const at::Tensor scale, const at::Tensor shift,
+                              const at::Tensor keep, at::Tensor u_next,
+                              at::Tensor out, at::Tensor mask, double eps) {
   DISPATCH_DEVICE_IMPL(kcla_branch_forward_impl, x, u, w, z, gate, weight,
-                       u_next, o, eps);
+                       scale, shift, keep, u_next, out, mask, eps);
 }
 
-void kcla_branch_recompute_impl(const at::Tensor u_next, const at::Tensor z,
-                                const at::Tensor gate, const at::Tensor weight,
-                                at::Tensor o, double eps) {
-  DISPATCH_DEVICE_IMPL(kcla_branch_recompute_impl, u_next, z, gate, weight, o,
-                       eps);
+void kcla_branch_apply_impl(const at::Tensor x, const at::Tensor u_next,
+                            const at::Tensor z, const at::Tensor gate,
+                            const at::Tensor weight, const at::Tensor scale,
+                            const at::Tensor shift, const at::Tensor keep,
+                            at::Tensor out, at::Tensor mask, double eps) {
+  DISPATCH_DEVICE_IMPL(kcla_branch_apply_impl, x, u_next, z, gate, weight,
+                       scale, shift, keep, out, mask, eps);
 }
 
-void kcla_bn_relu_add_forward_impl(const at::Tensor o, const at::Tensor x,
-                                   const at::Tensor scale,
-                                   const at::Tensor shift,
-                                   const at::Tensor keep, at::Tensor out,
-                                   at::Tensor mask) {
-  DISPATCH_DEVICE_IMPL(kcla_bn_relu_add_forward_impl, o, x, scale, shift, keep,
-                       out, mask);
-}
-
-void kcla_bn_relu_add_backward_impl(const at::Tensor grad_out,
-                                    const at::Tensor o, const at::Tensor scale,
-                                    const at::Tensor mask,
-                                    const at::Tensor keep,
-                                    const at::Tensor mean, at::Tensor grad_o,
-                                    at::Tensor sum_grad,
-                                    at::Tensor sum_grad_centered) {
-  DISPATCH_DEVICE_IMPL(kcla_bn_relu_add_backward_impl, grad_out, o, scale,
-                       mask, keep, mean, grad_o, sum_grad, sum_grad_centered);
+void kcla_branch_bn_sums_impl(const at::Tensor grad_out,
+                              const at::Tensor u_next, const at::Tensor z,
+                              const at::Tensor gate, const at::Tensor weight,
+                              const at::Tensor keep, const at::Tensor mask,
+                              const at::Tensor mean, at::Tensor bn_sums,
+                              double eps) {
+  DISPATCH_DEVICE_IMPL(kcla_branch_bn_sums_impl, grad_out, u_next, z, gate,
+                       weight, keep, mask, mean, bn_sums, eps);
 }
 
 void kcla_branch_backward_impl(
-    const at::Tensor grad_o, const at::Tensor alpha, const at::Tensor beta,
-    const at::Tensor mean, const at::Tensor grad_u_next,
-    const at::Tensor grad_residual, const at::Tensor x,
-    const at::Tensor u_next, const at::Tensor w, const at::Tensor z,
-    const at::Tensor gate, const at::Tensor weight, at::Tensor grad_x,
-    at::Tensor grad_u, at::Tensor grad_w, at::Tensor grad_z,
-    at::Tensor grad_gate, at::Tensor grad_weight, double eps) {
-  DISPATCH_DEVICE_IMPL(kcla_branch_backward_impl, grad_o, alpha, beta, mean,
-                       grad_u_next, grad_residual, x, u_next, w, z, gate,
-                       weight, grad_x, grad_u, grad_w, grad_z, grad_gate,
-                       grad_weight, eps);
-}
-
-void kcla_branch_inference_impl(const at::Tensor x, const at::Tensor u,
-                                const at::Tensor w, const at::Tensor z,
-                                const at::Tensor gate, const at::Tensor weight,
-                                const at::Tensor scale, const at::Tensor shift,
-                                at::Tensor u_next, at::Tensor out, double eps) {
-  DISPATCH_DEVICE_IMPL(kcla_branch_inference_impl, x, u, w, z, gate, weight,
-                       scale, shift, u_next, out, eps);
+    const at::Tensor grad_out, const at::Tensor grad_u_next,
+    const at::Tensor out, const at::Tensor u_next, const at::Tensor w,
+    const at::Tensor z, const at::Tensor gate, const at::Tensor weight,
+    const at::Tensor scale, const at::Tensor shift, const at::Tensor keep,
+    const at::Tensor mask, const at::Tensor alpha, const at::Tensor beta,
+    const at::Tensor mean, at::Tensor grad_x, at::Tensor grad_u,
+    at::Tensor u_prev, at::Tensor bn_sums, at::Tensor head_sums,
+    at::Tensor weight_sums, double eps) {
+  DISPATCH_DEVICE_IMPL(kcla_branch_backward_impl, grad_out, grad_u_next, out,
+                       u_next, w, z, gate, weight, scale, shift, keep, mask,
+                       alpha, beta, mean, grad_x, grad_u, u_prev, bn_sums,
+                       head_sums, weight_sums, eps);
 }
 
 namespace {
 
-at::Tensor optional_tensor(const c10::optional<at::Tensor>& t) {
+at::Tensor optional_tensor(const OptTensor& t) {
   return t.value_or(at::Tensor());
+}
+
+// The per-head and per-channel arguments shared by the branch entries.
+void check_branch_args(const FeatureArgChecker& ck, const at::Tensor& z,
+                       const at::Tensor& gate, const at::Tensor& weight) {
+  ck.heads(z, "z");
+  ck.heads(gate, "gate");
+  ck.kernel(weight, "weight");
+}
+
+void check_bn_args(const FeatureArgChecker& ck, const at::Tensor& scale,
+                   const at::Tensor& shift, const at::Tensor& keep) {
+  ck.channels(scale, "scale");
+  ck.channels(shift, "shift");
+  if (keep.defined()) ck.batch(keep, "keep");
 }
 
 }  // namespace
 
-void kcla_branch_forward(const at::Tensor x, const c10::optional<at::Tensor> u,
-                         const at::Tensor w, const at::Tensor z,
-                         const at::Tensor gate, const at::Tensor weight,
-                         at::Tensor u_next, at::Tensor o, double eps) {
-  FeatureArgChecker ck("kcla_branch_forward", x, w);
+void kcla_relu_pool_forward(at::Tensor s, const OptTensor mask,
+                            at::Tensor pooled) {
+  FeatureArgChecker ck("kcla_relu_pool_forward", s, at::Tensor(), false, "s");
+  const at::Tensor mask_t = optional_tensor(mask);
+  if (mask_t.defined()) ck.relu_mask(mask_t, "mask");
+  ck.planes(pooled, "pooled");
+  kcla_relu_pool_forward_impl(s, mask_t, pooled);
+}
+
+void kcla_relu_pool_backward(const at::Tensor grad_x,
+                             const at::Tensor grad_pooled,
+                             const at::Tensor mask, at::Tensor grad_s) {
+  FeatureArgChecker ck("kcla_relu_pool_backward", grad_x, at::Tensor(), false,
+                        "grad_x");
+  ck.planes(grad_pooled, "grad_pooled");
+  ck.relu_mask(mask, "mask");
+  ck.map(grad_s, "grad_s");
+  kcla_relu_pool_backward_impl(grad_x, grad_pooled, mask, grad_s);
+}
+
+void kcla_branch_stats(const at::Tensor x, const OptTensor u,
+                       const at::Tensor w, const at::Tensor z,
+                       const at::Tensor gate, const at::Tensor weight,
+                       at::Tensor u_next, at::Tensor stats, double eps) {
+  FeatureArgChecker ck("kcla_branch_stats", x, w);
   const at::Tensor u_t = optional_tensor(u);
   ck.map(u_t, "u");
-  ck.heads(z, "z");
-  ck.heads(gate, "gate");
-  ck.kernel(weight, "weight");
+  check_branch_args(ck, z, gate, weight);
   ck.map(u_next, "u_next");
-  ck.map(o, "o");
-  kcla_branch_forward_impl(x, u_t, w, z, gate, weight, u_next, o, eps);
+  ck.planes(stats, "stats", 2);
+  kcla_branch_stats_impl(x, u_t, w, z, gate, weight, u_next, stats, eps);
 }
 
-void kcla_branch_recompute(const at::Tensor u_next, const at::Tensor z,
-                           const at::Tensor gate, const at::Tensor weight,
-                           at::Tensor o, double eps) {
-  FeatureArgChecker ck("kcla_branch_recompute", u_next, z);
-  ck.heads(gate, "gate");
-  ck.kernel(weight, "weight");
-  ck.map(o, "o");
-  kcla_branch_recompute_impl(u_next, z, gate, weight, o, eps);
+void kcla_branch_forward(const at::Tensor x, const OptTensor u,
+                         const at::Tensor w, const at::Tensor z,
+                         const at::Tensor gate, const at::Tensor weight,
+                         const at::Tensor scale, const at::Tensor shift,
+                         const OptTensor keep, at::Tensor u_next,
+                         at::Tensor out, const OptTensor mask, double eps) {
+  FeatureArgChecker ck("kcla_branch_forward", x, w);
+  const at::Tensor u_t = optional_tensor(u), keep_t = optional_tensor(keep);
+  const at::Tensor mask_t = optional_tensor(mask);
+  ck.map(u_t, "u");
+  check_branch_args(ck, z, gate, weight);
+  check_bn_args(ck, scale, shift, keep_t);
+  ck.map(u_next, "u_next");
+  ck.map(out, "out");
+  if (mask_t.defined()) ck.relu_mask(mask_t, "mask");
+  kcla_branch_forward_impl(x, u_t, w, z, gate, weight, scale, shift, keep_t,
+                           u_next, out, mask_t, eps);
 }
 
-void kcla_bn_relu_add_forward(const at::Tensor o, const at::Tensor x,
-                              const at::Tensor scale, const at::Tensor shift,
-                              const at::Tensor keep, at::Tensor out,
-                              at::Tensor mask) {
-  FeatureArgChecker ck("kcla_bn_relu_add_forward", x);
-  ck.map(o, "o");
-  ck.channels(scale, "scale");
-  ck.channels(shift, "shift");
+void kcla_branch_apply(const at::Tensor x, const at::Tensor u_next,
+                       const at::Tensor z, const at::Tensor gate,
+                       const at::Tensor weight, const at::Tensor scale,
+                       const at::Tensor shift, const at::Tensor keep,
+                       at::Tensor out, at::Tensor mask, double eps) {
+  FeatureArgChecker ck("kcla_branch_apply", x, z, false, "x", "z");
+  ck.map(u_next, "u_next");
+  check_branch_args(ck, z, gate, weight);
+  check_bn_args(ck, scale, shift, keep);
   ck.batch(keep, "keep");
   ck.map(out, "out");
   ck.relu_mask(mask, "mask");
-  kcla_bn_relu_add_forward_impl(o, x, scale, shift, keep, out, mask);
+  kcla_branch_apply_impl(x, u_next, z, gate, weight, scale, shift, keep, out,
+                         mask, eps);
 }
 
-void kcla_bn_relu_add_backward(const at::Tensor grad_out, const at::Tensor o,
-                               const at::Tensor scale, const at::Tensor mask,
-                               const at::Tensor keep, const at::Tensor mean,
-                               at::Tensor grad_o, at::Tensor sum_grad,
-                               at::Tensor sum_grad_centered) {
-  FeatureArgChecker ck("kcla_bn_relu_add_backward", o);
+void kcla_branch_bn_sums(const at::Tensor grad_out, const at::Tensor u_next,
+                         const at::Tensor z, const at::Tensor gate,
+                         const at::Tensor weight, const at::Tensor keep,
+                         const at::Tensor mask, const at::Tensor mean,
+                         at::Tensor bn_sums, double eps) {
+  FeatureArgChecker ck("kcla_branch_bn_sums", u_next, z, false, "u_next",
+                        "z");
   ck.map(grad_out, "grad_out");
-  ck.channels(scale, "scale");
-  ck.relu_mask(mask, "mask");
+  check_branch_args(ck, z, gate, weight);
   ck.batch(keep, "keep");
+  ck.relu_mask(mask, "mask");
   ck.channels(mean, "mean");
-  ck.map(grad_o, "grad_o");
-  ck.channels(sum_grad, "sum_grad");
-  ck.channels(sum_grad_centered, "sum_grad_centered");
-  kcla_bn_relu_add_backward_impl(grad_out, o, scale, mask, keep, mean,
-                                 grad_o, sum_grad, sum_grad_centered);
+  ck.planes(bn_sums, "bn_sums", 2);
+  kcla_branch_bn_sums_impl(grad_out, u_next, z, gate, weight, keep, mask,
+                           mean, bn_sums, eps);
 }
 
 void kcla_branch_backward(
-    const at::Tensor grad_o, const at::Tensor alpha, const at::Tensor beta,
-    const at::Tensor mean, const at::Tensor grad_u_next, const at::Tensor grad_residual,
-    const at::Tensor x, const at::Tensor u_next, const at::Tensor w,
+    const at::Tensor grad_out, const OptTensor grad_u_next,
+    const at::Tensor out, const at::Tensor u_next, const at::Tensor w,
     const at::Tensor z, const at::Tensor gate, const at::Tensor weight,
-    at::Tensor grad_x, const c10::optional<at::Tensor> grad_u,
-    at::Tensor grad_w, at::Tensor grad_z, at::Tensor grad_gate,
-    at::Tensor grad_weight, double eps) {
-  FeatureArgChecker ck("kcla_branch_backward", x, w);
-  ck.map(grad_o, "grad_o");
+    const at::Tensor scale, const at::Tensor shift, const at::Tensor keep,
+    const at::Tensor mask, const at::Tensor alpha, const at::Tensor beta,
+    const at::Tensor mean, at::Tensor grad_x, const OptTensor grad_u,
+    const OptTensor u_prev, at::Tensor bn_sums, at::Tensor head_sums,
+    at::Tensor weight_sums, double eps) {
+  FeatureArgChecker ck("kcla_branch_backward", out, w, false, "out");
+  const at::Tensor grad_u_next_t = optional_tensor(grad_u_next);
+  const at::Tensor grad_u_t = optional_tensor(grad_u);
+  const at::Tensor u_prev_t = optional_tensor(u_prev);
+  ck.map(grad_out, "grad_out");
+  ck.map(grad_u_next_t, "grad_u_next");
+  ck.map(u_next, "u_next");
+  check_branch_args(ck, z, gate, weight);
+  check_bn_args(ck, scale, shift, keep);
+  ck.batch(keep, "keep");
+  ck.relu_mask(mask, "mask");
   ck.channels(alpha, "alpha");
   ck.channels(beta, "beta");
   ck.channels(mean, "mean");
-  ck.map(grad_u_next, "grad_u_next");
-  ck.map(grad_residual, "grad_residual");
-  ck.map(u_next, "u_next");
-  ck.heads(z, "z");
-  ck.heads(gate, "gate");
-  ck.kernel(weight, "weight");
   ck.map(grad_x, "grad_x");
-  const at::Tensor grad_u_t = optional_tensor(grad_u);
   ck.map(grad_u_t, "grad_u");
-  ck.heads(grad_w, "grad_w");
-  ck.heads(grad_z, "grad_z");
-  ck.heads(grad_gate, "grad_gate");
-  ck.kernel(grad_weight, "grad_weight");
-  kcla_branch_backward_impl(grad_o, alpha, beta, mean, grad_u_next,
-                            grad_residual,
-                            x, u_next, w, z, gate, weight, grad_x, grad_u_t,
-                            grad_w, grad_z, grad_gate, grad_weight, eps);
-}
-
-void kcla_branch_inference(const at::Tensor x,
-                           const c10::optional<at::Tensor> u,
-                           const at::Tensor w, const at::Tensor z,
-                           const at::Tensor gate, const at::Tensor weight,
-                           const at::Tensor scale, const at::Tensor shift,
-                           at::Tensor u_next, at::Tensor out, double eps) {
-  FeatureArgChecker ck("kcla_branch_inference", x, w);
-  const at::Tensor u_t = optional_tensor(u);
-  ck.map(u_t, "u");
-  ck.heads(z, "z");
-  ck.heads(gate, "gate");
-  ck.kernel(weight, "weight");
-  ck.channels(scale, "scale");
-  ck.channels(shift, "shift");
-  ck.map(u_next, "u_next");
-  ck.map(out, "out");
-  kcla_branch_inference_impl(x, u_t, w, z, gate, weight, scale, shift, u_next,
-                             out, eps);
+  ck.map(u_prev_t, "u_prev");
+  ck.planes(bn_sums, "bn_sums", 2);
+  ck.planes(head_sums, "head_sums", 3);
+  ck.planes(weight_sums, "weight_sums", 9);
+  kcla_branch_backward_impl(grad_out, grad_u_next_t, out, u_next, w, z, gate,
+                            weight, scale, shift, keep, mask, alpha, beta,
+                            mean, grad_x, grad_u_t, u_prev_t, bn_sums,
+                            head_sums, weight_sums, eps);
 }

@@ -21,14 +21,14 @@ std::vector<std::string> device_types(const std::string& group) {
           DEVICE_REGISTRY(kcla_state_backward_impl).Find(type) != nullptr;
     } else if (group == "branch") {
       has_all =
+          DEVICE_REGISTRY(kcla_relu_pool_forward_impl).Find(type) != nullptr &&
+          DEVICE_REGISTRY(kcla_relu_pool_backward_impl).Find(type) !=
+              nullptr &&
+          DEVICE_REGISTRY(kcla_branch_stats_impl).Find(type) != nullptr &&
           DEVICE_REGISTRY(kcla_branch_forward_impl).Find(type) != nullptr &&
-          DEVICE_REGISTRY(kcla_branch_recompute_impl).Find(type) != nullptr &&
-          DEVICE_REGISTRY(kcla_bn_relu_add_forward_impl).Find(type) !=
-              nullptr &&
-          DEVICE_REGISTRY(kcla_bn_relu_add_backward_impl).Find(type) !=
-              nullptr &&
-          DEVICE_REGISTRY(kcla_branch_backward_impl).Find(type) != nullptr &&
-          DEVICE_REGISTRY(kcla_branch_inference_impl).Find(type) != nullptr;
+          DEVICE_REGISTRY(kcla_branch_apply_impl).Find(type) != nullptr &&
+          DEVICE_REGISTRY(kcla_branch_bn_sums_impl).Find(type) != nullptr &&
+          DEVICE_REGISTRY(kcla_branch_backward_impl).Find(type) != nullptr;
     } else {
       TORCH_CHECK(false, "device_types: unknown op group '", group,
                   "', expected 'state' or 'branch'");
@@ -51,36 +51,45 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("grad_agg"), py::arg("x"), py::arg("w"), py::arg("z"),
         py::arg("agg"), py::arg("grad_x"), py::arg("grad_u"),
         py::arg("grad_w"), py::arg("grad_z"), py::arg("eps"));
-  m.def("kcla_branch_forward", &kcla_branch_forward,
-        "u_next = u + w x; o = gate * DWConv3x3(u_next / (z + eps))",
+  m.def("cpu_isa", &kcla_cpu_isa,
+        "instruction set of the CPU kernels: 'avx2' or 'base'");
+  m.def("kcla_relu_pool_forward", &kcla_relu_pool_forward,
+        "s = ReLU(s) in place, its bit mask and its mean per plane",
+        py::arg("s"), py::arg("mask"), py::arg("pooled"));
+  m.def("kcla_relu_pool_backward", &kcla_relu_pool_backward,
+        "grad_s = mask * (grad_x + grad_pooled / (H * W))",
+        py::arg("grad_x"), py::arg("grad_pooled"), py::arg("mask"),
+        py::arg("grad_s"));
+  m.def("kcla_branch_stats", &kcla_branch_stats,
+        "u_next = u + w x and per-plane (mean, M2) of "
+        "o = gate * DWConv3x3(u_next / (z + eps))",
         py::arg("x"), py::arg("u"), py::arg("w"), py::arg("z"),
-        py::arg("gate"), py::arg("weight"), py::arg("u_next"), py::arg("o"),
-        py::arg("eps"));
-  m.def("kcla_branch_recompute", &kcla_branch_recompute,
-        "o = gate * DWConv3x3(u_next / (z + eps))", py::arg("u_next"),
-        py::arg("z"), py::arg("gate"), py::arg("weight"), py::arg("o"),
-        py::arg("eps"));
-  m.def("kcla_bn_relu_add_forward", &kcla_bn_relu_add_forward,
-        "out = x + keep * ReLU(scale * o + shift), mask = the ReLU's bits",
-        py::arg("o"), py::arg("x"), py::arg("scale"), py::arg("shift"),
-        py::arg("keep"), py::arg("out"), py::arg("mask"));
-  m.def("kcla_bn_relu_add_backward", &kcla_bn_relu_add_backward,
-        "gradient of kcla_bn_relu_add_forward w.r.t. o, with channel sums",
-        py::arg("grad_out"), py::arg("o"), py::arg("scale"), py::arg("mask"),
-        py::arg("keep"), py::arg("mean"), py::arg("grad_o"),
-        py::arg("sum_grad"), py::arg("sum_grad_centered"));
-  m.def("kcla_branch_backward", &kcla_branch_backward,
-        "gradients of kcla_branch_forward", py::arg("grad_o"),
-        py::arg("alpha"), py::arg("beta"), py::arg("mean"),
-        py::arg("grad_u_next"),
-        py::arg("grad_residual"), py::arg("x"), py::arg("u_next"),
-        py::arg("w"), py::arg("z"), py::arg("gate"), py::arg("weight"),
-        py::arg("grad_x"), py::arg("grad_u"), py::arg("grad_w"),
-        py::arg("grad_z"), py::arg("grad_gate"), py::arg("grad_weight"),
-        py::arg("eps"));
-  m.def("kcla_branch_inference", &kcla_branch_inference,
-        "inference branch with folded BN; u_next may alias u",
+        py::arg("gate"), py::arg("weight"), py::arg("u_next"),
+        py::arg("stats"), py::arg("eps"));
+  m.def("kcla_branch_forward", &kcla_branch_forward,
+        "u_next = u + w x; out = x + keep * ReLU(scale * o + shift); "
+        "u_next may alias u, out may alias x",
         py::arg("x"), py::arg("u"), py::arg("w"), py::arg("z"),
         py::arg("gate"), py::arg("weight"), py::arg("scale"),
-        py::arg("shift"), py::arg("u_next"), py::arg("out"), py::arg("eps"));
+        py::arg("shift"), py::arg("keep"), py::arg("u_next"), py::arg("out"),
+        py::arg("mask"), py::arg("eps"));
+  m.def("kcla_branch_apply", &kcla_branch_apply,
+        "out = x + keep * ReLU(scale * o + shift) from u_next",
+        py::arg("x"), py::arg("u_next"), py::arg("z"), py::arg("gate"),
+        py::arg("weight"), py::arg("scale"), py::arg("shift"),
+        py::arg("keep"), py::arg("out"), py::arg("mask"), py::arg("eps"));
+  m.def("kcla_branch_bn_sums", &kcla_branch_bn_sums,
+        "per-plane (sum g, sum g * (o - mean)), g = grad_out * keep * mask",
+        py::arg("grad_out"), py::arg("u_next"), py::arg("z"),
+        py::arg("gate"), py::arg("weight"), py::arg("keep"), py::arg("mask"),
+        py::arg("mean"), py::arg("bn_sums"), py::arg("eps"));
+  m.def("kcla_branch_backward", &kcla_branch_backward,
+        "gradients of the branch, per-plane partial sums, state inversion",
+        py::arg("grad_out"), py::arg("grad_u_next"), py::arg("out"),
+        py::arg("u_next"), py::arg("w"), py::arg("z"), py::arg("gate"),
+        py::arg("weight"), py::arg("scale"), py::arg("shift"),
+        py::arg("keep"), py::arg("mask"), py::arg("alpha"), py::arg("beta"),
+        py::arg("mean"), py::arg("grad_x"), py::arg("grad_u"),
+        py::arg("u_prev"), py::arg("bn_sums"), py::arg("head_sums"),
+        py::arg("weight_sums"), py::arg("eps"));
 }

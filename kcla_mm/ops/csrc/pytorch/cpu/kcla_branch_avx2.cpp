@@ -1,0 +1,25 @@
+// The CPU branch kernels built for AVX2 + FMA; kcla_branch.cpp picks them at
+// run time on CPUs that have both. Every header is included before the
+// target pragma, so only kcla_branch_kernels.hpp's own code (in its own
+// namespace) is compiled for AVX2.
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "kcla_branch_cpu.hpp"
+#include "pytorch_cpp_helper.hpp"
+
+#ifdef KCLA_CPU_AVX2
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#define KCLA_CPU_NS kcla_cpu_avx2
+#include "kcla_branch_kernels.hpp"
+#undef KCLA_CPU_NS
+#pragma GCC pop_options
+
+BranchKernels avx2_branch_kernels() { return kcla_cpu_avx2::kernels(); }
+#endif

@@ -1,0 +1,560 @@
+// CPU kernels of the fused KCLA branch (see common/kcla_branch_impl.hpp),
+// compiled twice: for the baseline ISA (kcla_branch.cpp) and with AVX2 +
+// FMA (kcla_branch_avx2.cpp, chosen at run time). Each includer defines
+// KCLA_CPU_NS, the namespace of its copy, and includes the headers below
+// first (so only the code of this file is built for its ISA); hence no
+// include guard.
+//
+// One task per (b, c) plane. A plane is copied into a zero-padded scratch
+// buffer of row stride Wp = W + 2, so the 3x3 depthwise convolution and its
+// gradients become flat, branch-free loops over H * Wp elements that
+// vectorise for any plane size (the two extra columns per row are computed
+// and discarded); the element-wise parts are flat loops over the plane, with
+// bit masks unpacked to / packed from one byte per element. Sums over a
+// plane are accumulated in T and written per plane; the callers reduce over
+// batch and heads (in double).
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "kcla_branch_cpu.hpp"
+#include "pytorch_cpp_helper.hpp"
+
+namespace KCLA_CPU_NS {
+
+struct Dims {
+  int64_t B, C, G, d, H, W, HW, bytes;
+  Dims(const at::Tensor& x, int64_t groups)
+      : B(x.size(0)), C(x.size(1)), G(groups), d(x.size(1) / groups),
+        H(x.size(2)), W(x.size(3)), HW(x.size(2) * x.size(3)),
+        bytes((x.size(2) * x.size(3) + 7) / 8) {}
+  int64_t head(int64_t plane) const {  // index into (B, G) tensors
+    return (plane / C) * G + (plane % C) / d;
+  }
+};
+
+template <typename T>
+struct PaddedPlane {
+  int64_t H, W, Wp;
+  std::vector<T> pad;  // (H + 2) x Wp, plus 2 elements of slack
+  std::vector<T> out;  // H x Wp
+  PaddedPlane(int64_t h, int64_t w)
+      : H(h), W(w), Wp(w + 2), pad((h + 2) * (w + 2) + 2, T(0)),
+        out(h * (w + 2), T(0)) {}
+  // interior element (i, j) of the padded input
+  T* row(int64_t i) { return pad.data() + (i + 1) * Wp + 1; }
+  // the interior read as H rows of Wp whose two extra columns are the zero
+  // border: the layout of `out` and of conv3x3_weight_grad's gradient
+  const T* interior() const { return pad.data() + Wp + 1; }
+};
+
+// p.out[i * Wp + j] = sum_{k,l} w9[3k+l] * p.pad[(i + k) * Wp + j + l],
+// i.e. the zero-padded 3x3 convolution of the plane held in p.pad.
+template <typename T>
+inline void conv3x3(PaddedPlane<T>& p, const T* w9) {
+  const int64_t n = p.H * p.Wp;
+  T* __restrict__ out = p.out.data();
+  const T* __restrict__ src = p.pad.data();
+  const T w0 = w9[0], w1 = w9[1], w2 = w9[2], w3 = w9[3], w4 = w9[4],
+          w5 = w9[5], w6 = w9[6], w7 = w9[7], w8 = w9[8];
+  const int64_t r1 = p.Wp, r2 = 2 * p.Wp;
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = w0 * src[i] + w1 * src[i + 1] + w2 * src[i + 2] +
+             w3 * src[i + r1] + w4 * src[i + r1 + 1] + w5 * src[i + r1 + 2] +
+             w6 * src[i + r2] + w7 * src[i + r2 + 1] + w8 * src[i + r2 + 2];
+  }
+}
+
+// gw9[3k+l] = sum_{i,j} g[i * Wp + j] * p.pad[(i + k) * Wp + j + l], for g
+// in the H x Wp layout with its two extra columns zero.
+template <typename T>
+inline void conv3x3_weight_grad(const T* __restrict__ g,
+                                const PaddedPlane<T>& p, T* gw9) {
+  const int64_t n = p.H * p.Wp;
+  for (int k = 0; k < 3; ++k) {
+    for (int l = 0; l < 3; ++l) {
+      const T* __restrict__ src = p.pad.data() + k * p.Wp + l;
+      T sum = 0;
+      for (int64_t i = 0; i < n; ++i) sum += g[i] * src[i];
+      gw9[3 * k + l] = sum;
+    }
+  }
+}
+
+// The 3x3 kernel rotated by 180 degrees: convolving with it is the transpose.
+template <typename T>
+inline void flip3x3(const T* w9, T* flipped) {
+  for (int i = 0; i < 9; ++i) flipped[i] = w9[8 - i];
+}
+
+// The plane src * scale into the padded buffer.
+template <typename T>
+inline void load_plane(const T* __restrict__ src, PaddedPlane<T>& dst,
+                       T scale) {
+  const int64_t H = dst.H, W = dst.W;
+  for (int64_t i = 0; i < H; ++i) {
+    T* __restrict__ row = dst.row(i);
+    const T* __restrict__ src_row = src + i * W;
+    for (int64_t j = 0; j < W; ++j) row[j] = src_row[j] * scale;
+  }
+}
+
+// u_next = u + w x (u may be u_next: in place) and u_next / (z + eps) into
+// the padded plane. In-place cases get their own loops: a runtime overlap
+// check would send them to scalar code.
+template <typename T>
+inline void update_plane(const T* __restrict__ x, const T* u, T* u_next,
+                         PaddedPlane<T>& agg, T wv, T inv) {
+  const int64_t H = agg.H, W = agg.W;
+  for (int64_t i = 0; i < H; ++i) {
+    T* __restrict__ row = agg.row(i);
+    T* __restrict__ un = u_next + i * W;
+    const T* __restrict__ xr = x + i * W;
+    if (u == u_next) {
+      for (int64_t j = 0; j < W; ++j) {
+        un[j] += wv * xr[j];
+        row[j] = un[j] * inv;
+      }
+    } else if (u != nullptr) {
+      const T* __restrict__ ur = u + i * W;
+      for (int64_t j = 0; j < W; ++j) {
+        const T v = ur[j] + wv * xr[j];
+        un[j] = v;
+        row[j] = v * inv;
+      }
+    } else {
+      for (int64_t j = 0; j < W; ++j) {
+        const T v = wv * xr[j];
+        un[j] = v;
+        row[j] = v * inv;
+      }
+    }
+  }
+}
+
+// dst[i * W + j] = scale * conv output (i, j): the conv result, compact.
+template <typename T>
+inline void compact_output(const PaddedPlane<T>& p, T* __restrict__ dst,
+                           T scale) {
+  const int64_t H = p.H, W = p.W, Wp = p.Wp;
+  const T* __restrict__ conv = p.out.data();
+  for (int64_t i = 0; i < H; ++i) {
+    const T* __restrict__ src = conv + i * Wp;
+    T* __restrict__ dst_row = dst + i * W;
+    for (int64_t j = 0; j < W; ++j) dst_row[j] = scale * src[j];
+  }
+}
+
+// One byte (0 or 1) per element <-> bit k of byte j for element 8 j + k.
+struct BitTable {
+  uint64_t unpack[256];
+  BitTable() {
+    for (int v = 0; v < 256; ++v) {
+      uint64_t bytes = 0;
+      for (int k = 0; k < 8; ++k) bytes |= uint64_t((v >> k) & 1) << (8 * k);
+      unpack[v] = bytes;
+    }
+  }
+};
+
+inline void unpack_bits(const uint8_t* __restrict__ bits, int64_t hw,
+                        uint8_t* __restrict__ on) {
+  static const BitTable table;
+  const int64_t full = hw / 8;
+  for (int64_t j = 0; j < full; ++j) {
+    std::memcpy(on + 8 * j, &table.unpack[bits[j]], 8);
+  }
+  for (int64_t i = 8 * full; i < hw; ++i) on[i] = (bits[full] >> (i & 7)) & 1;
+}
+
+inline void pack_bits(const uint8_t* __restrict__ on, int64_t hw,
+                      uint8_t* __restrict__ bits) {
+  const int64_t full = hw / 8;
+  for (int64_t j = 0; j < full; ++j) {
+    uint64_t bytes;
+    std::memcpy(&bytes, on + 8 * j, 8);
+    // moves byte k's low bit to bit 56 + k without carries (bytes are 0/1)
+    bits[j] = uint8_t((bytes * 0x0102040810204080ULL) >> 56);
+  }
+  if (8 * full < hw) {
+    uint8_t byte = 0;
+    for (int64_t i = 8 * full; i < hw; ++i) byte |= on[i] << (i & 7);
+    bits[full] = byte;
+  }
+}
+
+// Per-thread scratch of one plane.
+template <typename T>
+struct Scratch {
+  PaddedPlane<T> agg;
+  std::vector<T> conv;      // H * W: the conv output, compact
+  std::vector<uint8_t> on;  // H * W: a mask, one byte per element
+  explicit Scratch(const Dims& dm) : agg(dm.H, dm.W), conv(dm.HW), on(dm.HW) {}
+};
+
+template <typename T>
+void relu_pool_forward(at::Tensor& s, at::Tensor& mask, at::Tensor& pooled) {
+  const int64_t planes = s.size(0) * s.size(1);
+  const int64_t hw = s.size(2) * s.size(3), bytes = (hw + 7) / 8;
+  T* ps = s.data_ptr<T>();
+  uint8_t* pmask = data_ptr_or_null<uint8_t>(mask);
+  T* pp = pooled.data_ptr<T>();
+  at::parallel_for(0, planes, 1, [&, hw](int64_t begin, int64_t end) {
+    // loop bounds in locals: the byte stores below may alias captured ones
+    const int64_t n_hw = hw;
+    std::vector<uint8_t> on(n_hw);
+    for (int64_t p = begin; p < end; ++p) {
+      T* __restrict__ v = ps + p * n_hw;
+      uint8_t* __restrict__ o = on.data();
+      T sum = 0;
+      for (int64_t i = 0; i < n_hw; ++i) {
+        const T r = std::max(v[i], T(0));
+        v[i] = r;
+        sum += r;
+        o[i] = r > T(0);
+      }
+      if (pmask != nullptr) pack_bits(o, n_hw, pmask + p * bytes);
+      pp[p] = sum / T(n_hw);
+    }
+  });
+}
+
+template <typename T>
+void relu_pool_backward(const at::Tensor& grad_x, const at::Tensor& grad_pooled,
+                        const at::Tensor& mask, at::Tensor& grad_s) {
+  const int64_t planes = grad_x.size(0) * grad_x.size(1);
+  const int64_t hw = grad_x.size(2) * grad_x.size(3), bytes = (hw + 7) / 8;
+  const T *pgx = grad_x.data_ptr<T>(), *pgp = grad_pooled.data_ptr<T>();
+  const uint8_t* pmask = mask.data_ptr<uint8_t>();
+  T* pgs = grad_s.data_ptr<T>();
+  at::parallel_for(0, planes, 1, [&, hw](int64_t begin, int64_t end) {
+    const int64_t n_hw = hw;
+    std::vector<uint8_t> on(n_hw);
+    for (int64_t p = begin; p < end; ++p) {
+      const T* __restrict__ g = pgx + p * n_hw;
+      T* __restrict__ gs = pgs + p * n_hw;
+      const uint8_t* __restrict__ o = on.data();
+      unpack_bits(pmask + p * bytes, n_hw, on.data());
+      const T gp = pgp[p] / T(n_hw);
+      for (int64_t i = 0; i < n_hw; ++i) gs[i] = o[i] ? g[i] + gp : T(0);
+    }
+  });
+}
+
+template <typename T>
+void branch_stats(const at::Tensor& x, const at::Tensor& u, const at::Tensor& w,
+                  const at::Tensor& z, const at::Tensor& gate,
+                  const at::Tensor& weight, at::Tensor& u_next,
+                  at::Tensor& stats, double eps) {
+  const Dims dm(x, w.size(1));
+  const T *px = x.data_ptr<T>(), *pu = data_ptr_or_null<T>(u);
+  const T *pw = w.data_ptr<T>(), *pz = z.data_ptr<T>();
+  const T *pg = gate.data_ptr<T>(), *pk = weight.data_ptr<T>();
+  T *pun = u_next.data_ptr<T>(), *pst = stats.data_ptr<T>();
+  at::parallel_for(0, dm.B * dm.C, 1, [&](int64_t begin, int64_t end) {
+    Scratch<T> s(dm);
+    const int64_t hw = dm.HW;  // a local: byte stores may alias dm
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t n = dm.head(p), off = p * hw;
+      update_plane<T>(px + off, pu ? pu + off : nullptr, pun + off, s.agg,
+                      pw[n], T(1) / (pz[n] + T(eps)));
+      conv3x3<T>(s.agg, pk + (p % dm.C) * 9);
+      compact_output<T>(s.agg, s.conv.data(), pg[n]);
+      const T* __restrict__ o = s.conv.data();
+      T sum = 0, m2 = 0;
+      for (int64_t i = 0; i < hw; ++i) sum += o[i];
+      const T mu = sum / T(hw);
+      for (int64_t i = 0; i < hw; ++i) m2 += (o[i] - mu) * (o[i] - mu);
+      pst[2 * p] = mu;
+      pst[2 * p + 1] = m2;
+    }
+  });
+}
+
+// forward (Update = true: from x and u) or apply (from u_next).
+template <typename T, bool Update>
+void branch_forward(const at::Tensor& x, const at::Tensor& u,
+                    const at::Tensor& w, const at::Tensor& z,
+                    const at::Tensor& gate, const at::Tensor& weight,
+                    const at::Tensor& scale, const at::Tensor& shift,
+                    const at::Tensor& keep, at::Tensor& u_next,
+                    at::Tensor& out, at::Tensor& mask, double eps) {
+  const Dims dm(x, z.size(1));
+  const T *px = x.data_ptr<T>(), *pu = data_ptr_or_null<T>(u);
+  const T *pw = data_ptr_or_null<T>(w), *pz = z.data_ptr<T>();
+  const T *pg = gate.data_ptr<T>(), *pk = weight.data_ptr<T>();
+  const T *ps = scale.data_ptr<T>(), *pb = shift.data_ptr<T>();
+  const T* pkeep = data_ptr_or_null<T>(keep);
+  T *pun = u_next.data_ptr<T>(), *pout = out.data_ptr<T>();
+  uint8_t* pmask = data_ptr_or_null<uint8_t>(mask);
+  at::parallel_for(0, dm.B * dm.C, 1, [&](int64_t begin, int64_t end) {
+    Scratch<T> s(dm);
+    const int64_t hw = dm.HW;  // a local: byte stores may alias dm
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t c = p % dm.C, n = dm.head(p), off = p * hw;
+      const T inv = T(1) / (pz[n] + T(eps));
+      if (Update) {
+        update_plane<T>(px + off, pu ? pu + off : nullptr, pun + off, s.agg,
+                        pw[n], inv);
+      } else {
+        load_plane<T>(pun + off, s.agg, inv);
+      }
+      conv3x3<T>(s.agg, pk + c * 9);
+      // y = scale * gate * conv + shift; out = x + keep * ReLU(y)
+      compact_output<T>(s.agg, s.conv.data(), ps[c] * pg[n]);
+      const T sh = pb[c], kp = pkeep ? pkeep[p / dm.C] : T(1);
+      const T* __restrict__ y = s.conv.data();
+      uint8_t* __restrict__ on = s.on.data();
+      T* __restrict__ op = pout + off;
+      if (pout == px) {  // out over x, in place
+        for (int64_t i = 0; i < hw; ++i) {
+          const T v = y[i] + sh;
+          op[i] += kp * std::max(v, T(0));
+          on[i] = v > T(0);
+        }
+      } else {
+        const T* __restrict__ xp = px + off;
+        for (int64_t i = 0; i < hw; ++i) {
+          const T v = y[i] + sh;
+          op[i] = xp[i] + kp * std::max(v, T(0));
+          on[i] = v > T(0);
+        }
+      }
+      if (pmask != nullptr) pack_bits(on, hw, pmask + p * dm.bytes);
+    }
+  });
+}
+
+template <typename T>
+void branch_bn_sums(const at::Tensor& grad_out, const at::Tensor& u_next,
+                    const at::Tensor& z, const at::Tensor& gate,
+                    const at::Tensor& weight, const at::Tensor& keep,
+                    const at::Tensor& mask, const at::Tensor& mean,
+                    at::Tensor& bn_sums, double eps) {
+  const Dims dm(u_next, z.size(1));
+  const T *pgo = grad_out.data_ptr<T>(), *pun = u_next.data_ptr<T>();
+  const T *pz = z.data_ptr<T>(), *pg = gate.data_ptr<T>();
+  const T *pk = weight.data_ptr<T>(), *pkeep = keep.data_ptr<T>();
+  const T* pm = mean.data_ptr<T>();
+  const uint8_t* pmask = mask.data_ptr<uint8_t>();
+  T* psum = bn_sums.data_ptr<T>();
+  at::parallel_for(0, dm.B * dm.C, 1, [&](int64_t begin, int64_t end) {
+    Scratch<T> s(dm);
+    const int64_t hw = dm.HW;  // a local: byte stores may alias dm
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t c = p % dm.C, n = dm.head(p), off = p * hw;
+      load_plane<T>(pun + off, s.agg, T(1) / (pz[n] + T(eps)));
+      conv3x3<T>(s.agg, pk + c * 9);
+      compact_output<T>(s.agg, s.conv.data(), pg[n]);
+      unpack_bits(pmask + p * dm.bytes, hw, s.on.data());
+      const T* __restrict__ o = s.conv.data();
+      const T* __restrict__ go = pgo + off;
+      const uint8_t* __restrict__ on = s.on.data();
+      const T kp = pkeep[p / dm.C], mu = pm[c];
+      T sg = 0, sgc = 0;
+      for (int64_t i = 0; i < hw; ++i) {
+        const T gn = on[i] ? go[i] * kp : T(0);
+        sg += gn;
+        sgc += gn * (o[i] - mu);
+      }
+      psum[2 * p] = sg;
+      psum[2 * p + 1] = sgc;
+    }
+  });
+}
+
+template <typename T>
+void branch_backward(const at::Tensor& grad_out, const at::Tensor& grad_u_next,
+                     const at::Tensor& out, const at::Tensor& u_next,
+                     const at::Tensor& w, const at::Tensor& z,
+                     const at::Tensor& gate, const at::Tensor& weight,
+                     const at::Tensor& scale, const at::Tensor& shift,
+                     const at::Tensor& keep, const at::Tensor& mask,
+                     const at::Tensor& alpha, const at::Tensor& beta,
+                     const at::Tensor& mean, at::Tensor& grad_x,
+                     at::Tensor& grad_u, at::Tensor& u_prev,
+                     at::Tensor& bn_sums, at::Tensor& head_sums,
+                     at::Tensor& weight_sums, double eps) {
+  const Dims dm(out, w.size(1));
+  const T* pgo = grad_out.data_ptr<T>();
+  const T* pgun = data_ptr_or_null<T>(grad_u_next);
+  const T *pout = out.data_ptr<T>(), *pw = w.data_ptr<T>();
+  const T *pz = z.data_ptr<T>(), *pg = gate.data_ptr<T>();
+  const T *pk = weight.data_ptr<T>(), *ps = scale.data_ptr<T>();
+  const T *pb = shift.data_ptr<T>(), *pkeep = keep.data_ptr<T>();
+  const T *pal = alpha.data_ptr<T>(), *pbe = beta.data_ptr<T>();
+  const T* pm = mean.data_ptr<T>();
+  const uint8_t* pmask = mask.data_ptr<uint8_t>();
+  // u_prev may alias u_next: each plane is read before it is written
+  T* pun = const_cast<T*>(u_next.data_ptr<T>());
+  T *pgx = grad_x.data_ptr<T>(), *pgu = data_ptr_or_null<T>(grad_u);
+  T* pup = data_ptr_or_null<T>(u_prev);
+  T *pbn = bn_sums.data_ptr<T>(), *phs = head_sums.data_ptr<T>();
+  T* pws = weight_sums.data_ptr<T>();
+  at::parallel_for(0, dm.B * dm.C, 1, [&](int64_t begin, int64_t end) {
+    Scratch<T> s(dm);
+    const int64_t hw = dm.HW;  // a local: byte stores may alias dm
+    PaddedPlane<T> g_pad(dm.H, dm.W);
+    std::vector<T> x_rec(hw), g_conv(hw), g_agg(hw);
+    T flipped[9];
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t c = p % dm.C, n = dm.head(p), off = p * hw;
+      const T wv = pw[n], gt = pg[n], inv = T(1) / (pz[n] + T(eps));
+      const T sc = ps[c], sh = pb[c], kp = pkeep[p / dm.C];
+      const T al = pal[c], be = pbe[c], mu = pm[c];
+      const T* k9 = pk + c * 9;
+      load_plane<T>(pun + off, s.agg, inv);
+      conv3x3<T>(s.agg, k9);
+      compact_output<T>(s.agg, s.conv.data(), T(1));  // before the gate
+      unpack_bits(pmask + p * dm.bytes, hw, s.on.data());
+      const T* __restrict__ cv = s.conv.data();
+      const T* __restrict__ go = pgo + off;
+      const T* __restrict__ o_sum = pout + off;
+      const uint8_t* __restrict__ on = s.on.data();
+      T* __restrict__ xr = x_rec.data();
+      T* __restrict__ gc = g_conv.data();
+      T sg = 0, sgc = 0, s_gate = 0;
+      for (int64_t i = 0; i < hw; ++i) {
+        const T o = gt * cv[i];
+        const T y = on[i] ? kp * (sc * o + sh) : T(0);
+        xr[i] = o_sum[i] - y;
+        const T gn = on[i] ? go[i] * kp : T(0);
+        sg += gn;
+        sgc += gn * (o - mu);
+        const T g_o = sc * gn + al + be * (o - mu);
+        s_gate += g_o * cv[i];
+        gc[i] = g_o * gt;
+      }
+      load_plane<T>(gc, g_pad, T(1));
+      conv3x3_weight_grad<T>(g_pad.interior(), s.agg, pws + p * 9);
+      flip3x3<T>(k9, flipped);
+      conv3x3<T>(g_pad, flipped);  // gradient of agg, H x Wp
+      compact_output<T>(g_pad, g_agg.data(), T(1));
+      T* __restrict__ ga = g_agg.data();
+      const T* un = pun + off;
+      T s_z = 0;
+      for (int64_t i = 0; i < hw; ++i) s_z += ga[i] * un[i];
+      // ga becomes the total gradient of u_next: grad_u_next + ga / (z + eps)
+      if (pgun != nullptr) {
+        const T* __restrict__ gun = pgun + off;
+        for (int64_t i = 0; i < hw; ++i) ga[i] = gun[i] + ga[i] * inv;
+      } else {
+        for (int64_t i = 0; i < hw; ++i) ga[i] *= inv;
+      }
+      if (pgu != nullptr) std::memcpy(pgu + off, ga, hw * sizeof(T));
+      T* __restrict__ gx = pgx + off;
+      T s_w = 0;
+      for (int64_t i = 0; i < hw; ++i) {
+        gx[i] = go[i] + ga[i] * wv;
+        s_w += ga[i] * xr[i];
+      }
+      if (pup == pun) {  // the inverted state over u_next, in place
+        T* __restrict__ up = pup + off;
+        for (int64_t i = 0; i < hw; ++i) up[i] -= wv * xr[i];
+      } else if (pup != nullptr) {
+        T* __restrict__ up = pup + off;
+        const T* __restrict__ un_r = pun + off;
+        for (int64_t i = 0; i < hw; ++i) up[i] = un_r[i] - wv * xr[i];
+      }
+      pbn[2 * p] = sg;
+      pbn[2 * p + 1] = sgc;
+      phs[3 * p] = s_w;
+      phs[3 * p + 1] = -s_z * inv * inv;
+      phs[3 * p + 2] = s_gate;
+    }
+  });
+}
+
+#define KCLA_DISPATCH_CPU(TYPE, NAME, ...) \
+  AT_DISPATCH_FLOATING_TYPES(TYPE, NAME, [&] { __VA_ARGS__; })
+
+// The launchers of this ISA's copy, with the *_impl signatures.
+void relu_pool_forward_cpu(at::Tensor s, at::Tensor mask,
+                                  at::Tensor pooled) {
+  KCLA_DISPATCH_CPU(s.scalar_type(), "kcla_relu_pool_forward_cpu",
+                    relu_pool_forward<scalar_t>(s, mask, pooled));
+}
+
+void relu_pool_backward_cpu(const at::Tensor grad_x,
+                                   const at::Tensor grad_pooled,
+                                   const at::Tensor mask, at::Tensor grad_s) {
+  KCLA_DISPATCH_CPU(grad_x.scalar_type(), "kcla_relu_pool_backward_cpu",
+                    relu_pool_backward<scalar_t>(grad_x, grad_pooled, mask,
+                                                 grad_s));
+}
+
+void branch_stats_cpu(const at::Tensor x, const at::Tensor u,
+                             const at::Tensor w, const at::Tensor z,
+                             const at::Tensor gate, const at::Tensor weight,
+                             at::Tensor u_next, at::Tensor stats, double eps) {
+  KCLA_DISPATCH_CPU(x.scalar_type(), "kcla_branch_stats_cpu",
+                    branch_stats<scalar_t>(x, u, w, z, gate, weight, u_next,
+                                           stats, eps));
+}
+
+void branch_forward_cpu(const at::Tensor x, const at::Tensor u,
+                               const at::Tensor w, const at::Tensor z,
+                               const at::Tensor gate, const at::Tensor weight,
+                               const at::Tensor scale, const at::Tensor shift,
+                               const at::Tensor keep, at::Tensor u_next,
+                               at::Tensor out, at::Tensor mask, double eps) {
+  KCLA_DISPATCH_CPU(x.scalar_type(), "kcla_branch_forward_cpu",
+                    branch_forward<scalar_t, true>(x, u, w, z, gate, weight,
+                                                   scale, shift, keep, u_next,
+                                                   out, mask, eps));
+}
+
+void branch_apply_cpu(const at::Tensor x, const at::Tensor u_next,
+                             const at::Tensor z, const at::Tensor gate,
+                             const at::Tensor weight, const at::Tensor scale,
+                             const at::Tensor shift, const at::Tensor keep,
+                             at::Tensor out, at::Tensor mask, double eps) {
+  at::Tensor u_next_t = u_next;
+  KCLA_DISPATCH_CPU(x.scalar_type(), "kcla_branch_apply_cpu",
+                    branch_forward<scalar_t, false>(
+                        x, at::Tensor(), at::Tensor(), z, gate, weight, scale,
+                        shift, keep, u_next_t, out, mask, eps));
+}
+
+void branch_bn_sums_cpu(const at::Tensor grad_out,
+                               const at::Tensor u_next, const at::Tensor z,
+                               const at::Tensor gate, const at::Tensor weight,
+                               const at::Tensor keep, const at::Tensor mask,
+                               const at::Tensor mean, at::Tensor bn_sums,
+                               double eps) {
+  KCLA_DISPATCH_CPU(u_next.scalar_type(), "kcla_branch_bn_sums_cpu",
+                    branch_bn_sums<scalar_t>(grad_out, u_next, z, gate,
+                                             weight, keep, mask, mean,
+                                             bn_sums, eps));
+}
+
+void branch_backward_cpu(
+    const at::Tensor grad_out, const at::Tensor grad_u_next,
+    const at::Tensor out, const at::Tensor u_next, const at::Tensor w,
+    const at::Tensor z, const at::Tensor gate, const at::Tensor weight,
+    const at::Tensor scale, const at::Tensor shift, const at::Tensor keep,
+    const at::Tensor mask, const at::Tensor alpha, const at::Tensor beta,
+    const at::Tensor mean, at::Tensor grad_x, at::Tensor grad_u,
+    at::Tensor u_prev, at::Tensor bn_sums, at::Tensor head_sums,
+    at::Tensor weight_sums, double eps) {
+  KCLA_DISPATCH_CPU(out.scalar_type(), "kcla_branch_backward_cpu",
+                    branch_backward<scalar_t>(
+                        grad_out, grad_u_next, out, u_next, w, z, gate,
+                        weight, scale, shift, keep, mask, alpha, beta, mean,
+                        grad_x, grad_u, u_prev, bn_sums, head_sums,
+                        weight_sums, eps));
+}
+
+#undef KCLA_DISPATCH_CPU
+
+inline BranchKernels kernels() {
+  return {relu_pool_forward_cpu, relu_pool_backward_cpu, branch_stats_cpu,
+          branch_forward_cpu,    branch_apply_cpu,       branch_bn_sums_cpu,
+          branch_backward_cpu};
+}
+
+}  // namespace KCLA_CPU_NS
