@@ -39,16 +39,21 @@ struct Dims {
 
 template <typename T>
 struct PaddedPlane {
-  int64_t H, W, Wp;
-  std::vector<T> pad;  // (H + 2) x Wp, plus 2 elements of slack
-  std::vector<T> out;  // H x Wp
+  // the flat loops run over n = H * Wp rounded up to whole 8-lane vectors
+  // (no scalar remainder on small planes); the slack is zero
+  static constexpr int64_t kLanes = 8;
+  int64_t H, W, Wp, n;
+  std::vector<T> pad;  // (H + 2) x Wp, plus slack for the n - H * Wp tail
+  std::vector<T> out;  // H x Wp, plus the tail
   PaddedPlane(int64_t h, int64_t w)
-      : H(h), W(w), Wp(w + 2), pad((h + 2) * (w + 2) + 2, T(0)),
-        out(h * (w + 2), T(0)) {}
+      : H(h), W(w), Wp(w + 2),
+        n((h * (w + 2) + kLanes - 1) / kLanes * kLanes),
+        pad((h + 2) * (w + 2) + 2 + kLanes, T(0)), out(n, T(0)) {}
   // interior element (i, j) of the padded input
   T* row(int64_t i) { return pad.data() + (i + 1) * Wp + 1; }
   // the interior read as H rows of Wp whose two extra columns are the zero
-  // border: the layout of `out` and of conv3x3_weight_grad's gradient
+  // border (and a zero tail): the layout of `out` and of
+  // conv3x3_weight_grad's gradient
   const T* interior() const { return pad.data() + Wp + 1; }
 };
 
@@ -56,7 +61,7 @@ struct PaddedPlane {
 // i.e. the zero-padded 3x3 convolution of the plane held in p.pad.
 template <typename T>
 inline void conv3x3(PaddedPlane<T>& p, const T* w9) {
-  const int64_t n = p.H * p.Wp;
+  const int64_t n = p.n;
   T* __restrict__ out = p.out.data();
   const T* __restrict__ src = p.pad.data();
   const T w0 = w9[0], w1 = w9[1], w2 = w9[2], w3 = w9[3], w4 = w9[4],
@@ -70,11 +75,11 @@ inline void conv3x3(PaddedPlane<T>& p, const T* w9) {
 }
 
 // gw9[3k+l] = sum_{i,j} g[i * Wp + j] * p.pad[(i + k) * Wp + j + l], for g
-// in the H x Wp layout with its two extra columns zero.
+// in the H x Wp layout with its two extra columns and tail zero.
 template <typename T>
 inline void conv3x3_weight_grad(const T* __restrict__ g,
                                 const PaddedPlane<T>& p, T* gw9) {
-  const int64_t n = p.H * p.Wp;
+  const int64_t n = p.n;
   for (int k = 0; k < 3; ++k) {
     for (int l = 0; l < 3; ++l) {
       const T* __restrict__ src = p.pad.data() + k * p.Wp + l;
