@@ -17,7 +17,7 @@ Prints, for one run on this machine, side by side and as ratios:
       and activation memory saved for backward, with a PNG plot at
       --ea-plot.
 Times are medians of --runs runs after --warmup runs, with torch's thread
-count pinned to --threads.
+count pinned to --threads; the two sides of a ratio are timed interleaved.
 
 Example:
     .venv/bin/python tools/analysis/benchmark_kcla.py --threads 2
@@ -50,7 +50,7 @@ STAGES_R50 = ((256, 56), (512, 28), (1024, 14), (2048, 7))
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--threads', type=int, default=2)
-    parser.add_argument('--runs', type=int, default=5)
+    parser.add_argument('--runs', type=int, default=9)
     parser.add_argument('--warmup', type=int, default=2)
     parser.add_argument('--sections', default='abcde',
                         help='which sections to run, e.g. "ab"')
@@ -64,20 +64,34 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def _timed(fn: Callable[[], None], device: str) -> float:
+    if device.startswith('cuda'):
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if device.startswith('cuda'):
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def median_times(fns: Sequence[Callable[[], None]], runs: int, warmup: int,
+                 device: str) -> list:
+    """Median seconds of each of ``fns``, timed interleaved (one run of each
+    per round), so that drifting machine load shifts all of them alike and
+    their ratios stay comparable."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    times = [[] for _ in fns]
+    for _ in range(runs):
+        for fn, ts in zip(fns, times):
+            ts.append(_timed(fn, device))
+    return [statistics.median(ts) for ts in times]
+
+
 def median_time(fn: Callable[[], None], runs: int, warmup: int,
                 device: str) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(runs):
-        if device.startswith('cuda'):
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device.startswith('cuda'):
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return median_times([fn], runs, warmup, device)[0]
 
 
 def saved_activation_bytes(model: nn.Module, x: torch.Tensor) -> int:
@@ -169,9 +183,8 @@ def section_a(args):
 
     for name, make in (('training step (fwd+bwd)', train_step),
                        ('inference (eval, no grad)', infer)):
-        t_plain = median_time(make(plain), args.runs, args.warmup,
-                              args.device)
-        t_kcla = median_time(make(kcla), args.runs, args.warmup, args.device)
+        t_plain, t_kcla = median_times([make(plain), make(kcla)], args.runs,
+                                       args.warmup, args.device)
         row(name, t_plain * 1e3, t_kcla * 1e3, 'ms')
 
 
@@ -241,10 +254,10 @@ def section_c(args):
           f'ratio (PyTorch / fused)')
     for channels, size in STAGES_R50:
         case = branch_case(channels, size, args.device)
-        t_ref = median_time(branch_step(branch_reference, case), args.runs,
-                            args.warmup, args.device)
-        t_fused = median_time(branch_step(branch_fused, case), args.runs,
-                              args.warmup, args.device)
+        t_ref, t_fused = median_times(
+            [branch_step(branch_reference, case),
+             branch_step(branch_fused, case)], args.runs, args.warmup,
+            args.device)
         print(f'  {f"{channels} channels at {size}x{size}":<34} '
               f'{t_ref * 1e3:>12.2f} {t_fused * 1e3:>12.2f} ms  '
               f'{t_ref / t_fused:>6.2f}x faster')

@@ -40,6 +40,20 @@ def layer_weights(key: Tensor, norm_d: Tensor) -> Tensor:
                                  max=MAX_LOG_WEIGHT))
 
 
+def grouped_pointwise(x: Tensor, conv: nn.Conv2d) -> Tensor:
+    """``conv(x)`` for a grouped 1x1 conv without bias or padding,
+    (B, C', H', W') -> (B, C, ceil(H' / s), ceil(W' / s)), as a strided
+    slice and one batched matmul (CPU convolution backends are slow for
+    these grouped, strided 1x1 convs, forward and backward)."""
+    s, g = conv.stride[0], conv.groups
+    if s > 1:
+        x = x[:, :, ::s, ::s]
+    b, c_in, h, w = x.shape
+    weight = conv.weight.to(x.dtype).view(g, -1, c_in // g)
+    out = torch.matmul(weight, x.reshape(b, g, c_in // g, h * w))
+    return out.view(b, -1, h, w)
+
+
 @contextlib.contextmanager
 def running_stats_kept(module: nn.Module):
     """Restore the BatchNorm running statistics of ``module`` on exit (a
@@ -130,7 +144,7 @@ class KCLAStateAdapter(BaseModule):
             a = F.interpolate(a, size=size, mode='bilinear',
                               align_corners=False)
         if self.conv is not None:
-            a = self.conv(a.to(self.conv.weight.dtype))
+            a = grouped_pointwise(a.to(self.conv.weight.dtype), self.conv)
         a = getattr(self, self.norm_name)(a).to(state.u.dtype)
         key = eca_project(self.k_conv, a.mean((2, 3)), num_heads)
         return a, key
