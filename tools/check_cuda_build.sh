@@ -48,4 +48,12 @@ for sym in "kcla_state_forward_cuda(" "kcla_branch_backward_cuda("; do
         exit 1
     fi
 done
+# a launcher whose definition does not match its registration's type stays
+# an undefined symbol of the library (found only at import time otherwise)
+UNDEFINED="$(nm -C --undefined-only "$SO" | grep -F "_cuda(" || true)"
+if [ -n "$UNDEFINED" ]; then
+    echo "[cuda-check] error: $SO leaves CUDA launchers undefined:" >&2
+    echo "$UNDEFINED" >&2
+    exit 1
+fi
 echo "[cuda-check] ok: $SO"
