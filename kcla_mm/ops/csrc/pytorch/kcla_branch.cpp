@@ -81,11 +81,13 @@ void check_branch_args(const FeatureArgChecker& ck, const at::Tensor& z,
   ck.kernel(weight, "weight");
 }
 
+// keep may be undefined only where the op allows it (inference).
 void check_bn_args(const FeatureArgChecker& ck, const at::Tensor& scale,
-                   const at::Tensor& shift, const at::Tensor& keep) {
+                   const at::Tensor& shift, const at::Tensor& keep,
+                   bool keep_optional = false) {
   ck.channels(scale, "scale");
   ck.channels(shift, "shift");
-  if (keep.defined()) ck.batch(keep, "keep");
+  if (keep.defined() || !keep_optional) ck.batch(keep, "keep");
 }
 
 }  // namespace
@@ -134,7 +136,7 @@ void kcla_branch_forward(const at::Tensor x, const OptTensor u,
   const at::Tensor mask_t = optional_tensor(mask);
   ck.map(u_t, "u");
   check_branch_args(ck, z, gate, weight);
-  check_bn_args(ck, scale, shift, keep_t);
+  check_bn_args(ck, scale, shift, keep_t, /*keep_optional=*/true);
   ck.map(u_next, "u_next");
   ck.map(out, "out");
   if (mask_t.defined()) ck.relu_mask(mask_t, "mask");
@@ -151,7 +153,6 @@ void kcla_branch_apply(const at::Tensor x, const at::Tensor u_next,
   ck.map(u_next, "u_next");
   check_branch_args(ck, z, gate, weight);
   check_bn_args(ck, scale, shift, keep);
-  ck.batch(keep, "keep");
   ck.map(out, "out");
   ck.relu_mask(mask, "mask");
   kcla_branch_apply_impl(x, u_next, z, gate, weight, scale, shift, keep, out,
@@ -193,7 +194,6 @@ void kcla_branch_backward(
   ck.map(u_next, "u_next");
   check_branch_args(ck, z, gate, weight);
   check_bn_args(ck, scale, shift, keep);
-  ck.batch(keep, "keep");
   ck.relu_mask(mask, "mask");
   ck.channels(alpha, "alpha");
   ck.channels(beta, "beta");

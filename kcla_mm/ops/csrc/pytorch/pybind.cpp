@@ -9,8 +9,8 @@
 #include "pytorch_device_registry.hpp"
 
 // Device types ("cpu", "cuda") with a compiled implementation of every op
-// of a group: "state" (kcla_state_*) or "branch" (kcla_branch_*,
-// kcla_bn_relu_add_*).
+// of a group: "state" (kcla_state_*) or "branch" (kcla_relu_pool_*,
+// kcla_branch_*).
 std::vector<std::string> device_types(const std::string& group) {
   std::vector<std::string> types;
   for (auto type : {at::kCPU, at::kCUDA}) {
