@@ -9,9 +9,9 @@ drop-path multipliers ``keep`` (B,)::
     o      = gate * DWConv3x3(u_next / (z + eps))
     out    = x + keep * ReLU(BN(o))
 
-:func:`relu_pool` applies a residual block's final ReLU in place and pools
-the result in the same pass (KCLA's GAP), keeping only a 1-bit mask for
-backward, so the block's ReLU output is never saved.
+:func:`relu_pool` applies a residual block's shortcut add and final ReLU
+in place and pools the result in the same pass (KCLA's GAP), keeping only
+a 1-bit mask for backward, so the block's ReLU output is never saved.
 
 :func:`kcla_branch` (training) saves ``out`` (which the next block's conv
 saves anyway), two bit masks and per-channel statistics, and ``u_next``;
@@ -75,13 +75,16 @@ def branch_supported(x: Tensor, norm: nn.Module) -> bool:
             and has_device_impl(x.device.type, 'branch'))
 
 
-def relu_pool(s: Tensor) -> Tuple[Tensor, Tensor]:
-    """``x = ReLU(s)`` in place and ``x.mean((2, 3))``, (B, C, H, W) ->
-    ((B, C, H, W), (B, C)); ``s`` must be contiguous and is overwritten."""
-    if torch.is_grad_enabled() and s.requires_grad:
-        return ReLUPoolFunction.apply(s)
+def relu_pool(s: Tensor,
+              residual: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """``x = ReLU(s + residual)`` in place and ``x.mean((2, 3))``,
+    (B, C, H, W) -> ((B, C, H, W), (B, C)); ``s`` (and ``residual``, if
+    given: a block's shortcut) must be contiguous; ``s`` is overwritten."""
+    if torch.is_grad_enabled() and (s.requires_grad or (
+            residual is not None and residual.requires_grad)):
+        return ReLUPoolFunction.apply(s, residual)
     pooled = s.new_empty(s.shape[:2])
-    get_ext().kcla_relu_pool_forward(s, None, pooled)
+    get_ext().kcla_relu_pool_forward(s, residual, None, pooled)
     return s, pooled
 
 
@@ -95,11 +98,13 @@ class ReLUPoolFunction(Function):
     """Autograd op of :func:`relu_pool`; saves only the ReLU's bit mask."""
 
     @staticmethod
-    def forward(ctx, s: Tensor) -> Tuple[Tensor, Tensor]:
+    def forward(ctx, s: Tensor,
+                residual: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         mask = _bit_mask(s)
         pooled = s.new_empty(s.shape[:2])
-        get_ext().kcla_relu_pool_forward(s, mask, pooled)
+        get_ext().kcla_relu_pool_forward(s, residual, mask, pooled)
         ctx.mark_dirty(s)
+        ctx.has_residual = residual is not None
         ctx.save_for_backward(mask)
         ctx.size = s.shape
         ctx.set_materialize_grads(False)
@@ -108,10 +113,10 @@ class ReLUPoolFunction(Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_x: Optional[Tensor],
-                 grad_pooled: Optional[Tensor]) -> Optional[Tensor]:
+                 grad_pooled: Optional[Tensor]) -> tuple:
         mask, = ctx.saved_tensors
         if grad_x is None and grad_pooled is None:
-            return None
+            return None, None
         ref = grad_x if grad_x is not None else grad_pooled
         grad_x = ref.new_zeros(ctx.size) if grad_x is None else \
             grad_x.contiguous()
@@ -119,7 +124,7 @@ class ReLUPoolFunction(Function):
             else grad_pooled.contiguous()
         grad_s = torch.empty_like(grad_x)
         get_ext().kcla_relu_pool_backward(grad_x, grad_pooled, mask, grad_s)
-        return grad_s
+        return grad_s, grad_s if ctx.has_residual else None
 
 
 def _update_running_stats(norm: nn.BatchNorm2d, mean: Tensor, var: Tensor,
@@ -168,7 +173,10 @@ class KCLABranchFunction(Function):
                 save_u: bool, out_in_place: bool) -> Tuple[Tensor, Tensor]:
         ext = get_ext()
         b, c, h, w_ = x.shape
-        u_next = torch.empty_like(x)
+        # a state handed over by tape is this chain's own buffer: updated
+        # in place, as backward inverts it in place
+        state_in_place = tape_in is not None and not save_u
+        u_next = u if state_in_place else torch.empty_like(x)
         out = x if out_in_place else torch.empty_like(x)
         mask = _bit_mask(x)
         if use_batch_stats:
@@ -185,8 +193,10 @@ class KCLABranchFunction(Function):
                                               x.dtype)
             ext.kcla_branch_forward(x, u, w, z, gate, weight, scale, shift,
                                     keep, u_next, out, mask, eps)
-        if out_in_place:
-            ctx.mark_dirty(x)
+        dirty = ([x] if out_in_place else []) + \
+            ([u] if state_in_place else [])
+        if dirty:
+            ctx.mark_dirty(*dirty)
         ctx.save_for_backward(out, u_next if tape_out is None else None, w, z,
                               gate, weight, keep, mask,
                               mean.to(x.dtype).contiguous(), invstd, scale,
@@ -275,8 +285,10 @@ def kcla_branch(x: Tensor,
     ``tape_out``: if given, ``u_next`` is not saved; the next layer's
     backward must fill this tape. ``u`` itself is saved instead of inverted
     when Z grew by more than :data:`MAX_INVERSION_GROWTH` since
-    ``tape_in.z_floor``. ``out_in_place``: write ``out`` over ``x`` (which
-    must then be a tensor nobody else needs, e.g. :func:`relu_pool`'s).
+    ``tape_in.z_floor``; otherwise, with ``tape_in``, ``u`` (the previous
+    layer's unsaved ``u_next``) is updated in place. ``out_in_place``: write
+    ``out`` over ``x`` (which must then be a tensor nobody else needs, e.g.
+    :func:`relu_pool`'s).
     """
     use_batch_stats = norm.training or norm.running_mean is None
     dtype = x.dtype

@@ -179,8 +179,12 @@ def test_raw_branch_ops_name_bad_arguments():
                               out, relu_mask(x).float(), EPS)
     with pytest.raises(RuntimeError, match='argument `mask` must be '
                        '\\(B, C, ceil\\(H \\* W / 8\\)\\)'):
-        ext.kcla_relu_pool_forward(x.clone(), relu_mask(x)[..., :-1]
+        ext.kcla_relu_pool_forward(x.clone(), None, relu_mask(x)[..., :-1]
                                    .contiguous(), x.new_empty((3, 12)))
+    with pytest.raises(RuntimeError, match='kcla_relu_pool_forward: argument '
+                       '`residual` must have the shape of `s`'):
+        ext.kcla_relu_pool_forward(x.clone(), x[:, :6].contiguous(), None,
+                                   x.new_empty((3, 12)))
     with pytest.raises(RuntimeError, match='kcla_branch_bn_sums: argument '
                        '`z` must be \\(B, G\\)'):
         ext.kcla_branch_bn_sums(x, u_next, z[0].contiguous(), gate, weight,
@@ -195,46 +199,56 @@ def test_raw_branch_ops_name_bad_arguments():
         ext.device_types('fused')
 
 
+@pytest.mark.parametrize('with_residual', [False, True])
 @pytest.mark.parametrize('size', [(1, 1), (3, 3), (5, 7), (9, 9)])
-def test_relu_pool_matches_relu_and_mean(size):
-    """relu_pool: ReLU in place, the mean per plane, and their gradients
-    (float64 gradcheck and against F.relu + mean)."""
+def test_relu_pool_matches_relu_and_mean(size, with_residual):
+    """relu_pool: ReLU(s [+ residual]) in place, the mean per plane, and
+    their gradients (float64 gradcheck and against F.relu + mean)."""
     gen = torch.Generator().manual_seed(1)
     s = torch.randn(2, 3, *size, generator=gen, dtype=torch.float64)
-    s[0, 0].view(-1)[0] = 0.0  # the kink: ReLU'(0) = 0, as PyTorch
-    leaf = s.clone().requires_grad_()
+    r = torch.randn(2, 3, *size, generator=gen, dtype=torch.float64) \
+        if with_residual else torch.zeros_like(s)
+    s[0, 0].view(-1)[0] = -r[0, 0].view(-1)[0]  # the kink: ReLU'(0) = 0
+    leaf, r_leaf = s.clone().requires_grad_(), r.clone().requires_grad_()
     moved = leaf * 1.0  # a non-leaf the op may overwrite
-    x, pooled = relu_pool(moved)
+    x, pooled = relu_pool(moved, r_leaf if with_residual else None)
     assert x is moved  # in place
-    ref_x = F.relu(leaf)
+    ref_x = F.relu(leaf + r_leaf)
     torch.testing.assert_close(x, ref_x, rtol=0, atol=0)
     torch.testing.assert_close(pooled, ref_x.mean((2, 3)))
     seeds = [torch.randn_like(x), torch.randn_like(pooled)]
-    got = torch.autograd.grad((x, pooled), leaf, seeds)[0]
-    want = torch.autograd.grad((ref_x, ref_x.mean((2, 3))), leaf, seeds)[0]
-    torch.testing.assert_close(got, want)
-    smooth = torch.randn(2, 3, *size, generator=gen, dtype=torch.float64)
-    assert torch.autograd.gradcheck(lambda t: relu_pool(t * 1.0),
-                                    [smooth.requires_grad_()])
+    inputs = (leaf, r_leaf) if with_residual else (leaf,)
+    got = torch.autograd.grad((x, pooled), inputs, seeds)
+    want = torch.autograd.grad((ref_x, ref_x.mean((2, 3))), inputs, seeds)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    smooth = [torch.randn(2, 3, *size, generator=gen, dtype=torch.float64,
+                          requires_grad=True)
+              for _ in range(1 + with_residual)]
+    assert torch.autograd.gradcheck(lambda t, *res: relu_pool(t * 1.0, *res),
+                                    smooth)
 
 
 @pytest.mark.parametrize('training', [True, False])
 def test_relu_pool_then_branch_in_place_matches_reference(training):
-    """The backbone's path: the block sum s -> relu_pool -> branch written
-    over x. Values and gradients w.r.t. s and every parameter equal the
-    reference ReLU -> mean -> branch; u_next's gradient may be absent."""
+    """The backbone's path: the block's residual branch s and shortcut r ->
+    relu_pool -> branch written over x. Values and gradients w.r.t. s, r
+    and every parameter equal the reference add -> ReLU -> mean -> branch;
+    u_next's gradient may be absent."""
     x, u, w, z, gate, weight, norm, keep = make_case(torch.float64, b=3,
                                                      c=8, h=6, w=5, g=2)
     s = (x * 2).detach().requires_grad_()
-    leaves = [s, u.requires_grad_(), w.requires_grad_(), z.requires_grad_(),
-              gate.requires_grad_(), weight.requires_grad_()]
+    r = torch.randn_like(x).requires_grad_()
+    leaves = [s, r, u.requires_grad_(), w.requires_grad_(),
+              z.requires_grad_(), gate.requires_grad_(),
+              weight.requires_grad_()]
     ref_norm = clone_norm(norm).train(training)
     norm.train(training)
-    xr, pooled = relu_pool(s * 1.0)
+    xr, pooled = relu_pool(s * 1.0, r)
     out, u_next = kcla_branch(xr, u, w * pooled.mean(1, keepdim=True), z,
                               gate, weight, norm, keep, EPS,
                               out_in_place=True)
-    ref_x = F.relu(s * 1.0)
+    ref_x = F.relu(s + r)
     ref_pooled = ref_x.mean((2, 3))
     ref = reference_branch(ref_x, u, w * ref_pooled.mean(1, keepdim=True), z,
                            gate, weight, ref_norm, keep)

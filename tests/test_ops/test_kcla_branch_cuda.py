@@ -255,10 +255,16 @@ def reference_y(u_next, z, gate, weight, scale, shift):
 # ---------------------------------------------------------------- raw ops
 
 def relu_pool_forward_args(shape, t, with_mask):
+    """With a mask also with a residual (the block's shortcut)."""
     b, c = shape[:2]
     s = t['x'].clone()
     s.view(-1)[::5] = 0.0  # exact zeros: ReLU passes them, no mask bit
-    return dict(s=s, mask=new_mask(shape) if with_mask else None,
+    residual = None
+    if with_mask:
+        residual = t['grad_out'].clone()
+        residual.view(-1)[::5] = 0.0
+    return dict(s=s, residual=residual,
+                mask=new_mask(shape) if with_mask else None,
                 pooled=nan(b, c))
 
 
@@ -351,7 +357,7 @@ PRECISION_AXIS = [(precision_id(p), p) for p in PRECISIONS]
 def test_relu_pool_forward():
     name = 'kcla_relu_pool_forward'
     todo = list(cases(SHAPE_AXIS, PRECISION_AXIS,
-                      [('mask', True), ('no_mask', False)]))
+                      [('mask_residual', True), ('no_mask', False)]))
     refused = []
     for case, shape, (dtype, cuda_dtype), with_mask in todo:
         with case_named(case):
@@ -365,8 +371,11 @@ def test_relu_pool_forward():
                 continue
             cpu, cuda = both
             # ReLU only selects values: exact in every dtype, and so is its
-            # mask
-            assert torch.equal(cuda['s'].to(dtype), cpu['s'])
+            # mask; s + residual is one rounding in either dtype
+            if with_mask and cuda_dtype != dtype:
+                assert_maps_close(cuda['s'], cpu['s'], cuda_dtype)
+            else:
+                assert torch.equal(cuda['s'].to(dtype), cpu['s'])
             if with_mask:
                 assert torch.equal(cuda['mask'], cpu['mask'])
                 hw = shape[3] * shape[4]
@@ -649,12 +658,12 @@ def test_relu_pool_autograd_cuda_matches_cpu():
 
 
 def block_on(device, shape, t, dtype, training):
-    """A block's final ReLU + GAP (relu_pool), then the branch writing its
-    output over the ReLU's (out_in_place)."""
-    ins = leaves_on(device, t, ('x', 'u', 'w', 'z', 'gate', 'weight'),
-                    dtype)
+    """A block's shortcut add, final ReLU and GAP (relu_pool), then the
+    branch writing its output over the ReLU's (out_in_place)."""
+    ins = leaves_on(device, t, ('x', 'grad_out', 'u', 'w', 'z', 'gate',
+                                'weight'), dtype)
     norm = make_norm(shape, t, dtype).to(device).train(training)
-    x, pooled = relu_pool(ins['x'].clone())
+    x, pooled = relu_pool(ins['x'].clone(), ins['grad_out'])
     out, u_next = kcla_branch(x, ins['u'], ins['w'], ins['z'], ins['gate'],
                               ins['weight'], norm,
                               t['keep'].to(device=device, dtype=dtype), EPS,

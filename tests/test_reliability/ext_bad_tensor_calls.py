@@ -50,7 +50,7 @@ def tensors():
     return dict(
         x=m(), s=m(), u=m(), u_next=m(), u_prev=m(), agg=m(), out=m(),
         grad_u_next=m(), grad_agg=m(), grad_x=m(), grad_u=m(), grad_out=m(),
-        grad_s=m(), w=hd(), z=hd() + 1, gate=hd() / 2, grad_w=hd(),
+        grad_s=m(), residual=m(), w=hd(), z=hd() + 1, gate=hd() / 2, grad_w=hd(),
         grad_z=hd(), weight=torch.rand(C, 1, 3, 3, **f), scale=ch(),
         shift=ch(), mean=ch(), alpha=ch(), beta=ch(), keep=torch.ones(B, **f),
         pooled=pl(), grad_pooled=pl(), stats=pl(2), bn_sums=pl(2),
@@ -62,7 +62,7 @@ ENTRIES = {
     'kcla_state_forward': 'x u w z u_next agg',
     'kcla_state_backward': 'grad_u_next grad_agg x w z agg grad_x grad_u '
                            'grad_w grad_z',
-    'kcla_relu_pool_forward': 's mask pooled',
+    'kcla_relu_pool_forward': 's residual mask pooled',
     'kcla_relu_pool_backward': 'grad_x grad_pooled mask grad_s',
     'kcla_branch_stats': 'x u w z gate weight u_next stats',
     'kcla_branch_forward': 'x u w z gate weight scale shift keep u_next out '

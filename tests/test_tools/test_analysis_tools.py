@@ -68,7 +68,8 @@ def save_backbone(path, seed=0, **kwargs):
 
 def layer_inputs(model, images):
     """Per attention layer: (x, U, Z) it receives, cloned at call time (x
-    after the block's ReLU, which ResNetKCLA leaves to KCLA layers)."""
+    after the block's shortcut add and ReLU, which ResNetKCLA leaves to KCLA
+    layers)."""
     captured = {}
     handles = []
     for stage, name in enumerate(model.attn_layers):
@@ -76,8 +77,10 @@ def layer_inputs(model, images):
             def hook(module, args, kwargs, key=f'{name}.{block}'):
                 state = args[1] if len(args) > 1 else None
                 u = getattr(state, 'u', None)
-                x = args[0].clamp_min(0) if kwargs.get('relu_input') else \
-                    args[0]
+                x = args[0]
+                if kwargs.get('shortcut') is not None:
+                    x = x + kwargs['shortcut']
+                x = x.clamp_min(0) if kwargs.get('relu_input') else x
                 captured[key] = (x.clone(),
                                  None if u is None else u.clone(),
                                  None if u is None else state.z.clone())

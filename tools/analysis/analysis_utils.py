@@ -247,9 +247,12 @@ def attention_layers(model: nn.Module) -> List[AttnLayer]:
 def attention_input(args: tuple, kwargs: dict) -> torch.Tensor:
     """The block output X an attention layer attends with, from the
     arguments of its forward (a forward pre-hook registered with
-    ``with_kwargs=True``): ResNetKCLA hands KCLA layers the residual sum
-    before the block's final ReLU (``relu_input=True``)."""
+    ``with_kwargs=True``): ResNetKCLA hands KCLA layers the block's
+    residual branch and its ``shortcut``, before their add and the block's
+    final ReLU (``relu_input=True``)."""
     x = args[0].float()
+    if kwargs.get('shortcut') is not None:
+        x = x + kwargs['shortcut'].float()
     return torch.relu(x) if kwargs.get('relu_input') else x
 
 

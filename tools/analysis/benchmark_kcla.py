@@ -6,7 +6,7 @@ Prints, for one run on this machine, side by side and as ratios:
   (b) activation memory of a training step: the distinct storages autograd
       keeps for backward after one forward (batch 8), parameters excluded;
   (c) the fused op vs its PyTorch reference: one layer's feature-map work
-      (the block's final ReLU, GAP, state update, normalisation, depthwise
+      (the block's shortcut add and final ReLU, GAP, state update, normalisation, depthwise
       3x3, gate, BN with batch statistics, ReLU, drop-path, add), forward
       + backward at each ResNet-50 stage size (batch 4);
   (d) time and state memory of a stack of 8/16/32/64 layers for KCLA,
@@ -200,11 +200,14 @@ def section_b(args):
 
 def branch_case(channels: int, size: int, device: str, batch: int = 4):
     """Inputs of one layer's feature-map work at a stage size: the block's
-    pre-ReLU sum, the incoming state, per-head scalars, a training BN."""
+    residual branch and shortcut, the incoming state, per-head scalars, a
+    training BN."""
     torch.manual_seed(0)
     g = channels // 64
     s = torch.randn(batch, channels, size, size, device=device,
                     requires_grad=True)
+    r = torch.rand(batch, channels, size, size, device=device,
+                   requires_grad=True)
     u = torch.rand(batch, channels, size, size, device=device) * 3
     w = (torch.rand(batch, g, device=device) + 0.5).requires_grad_()
     z = (w.detach() + 2).requires_grad_()
@@ -213,15 +216,16 @@ def branch_case(channels: int, size: int, device: str, batch: int = 4):
               3).requires_grad_()
     keep = torch.tensor([1.25, 1.25, 0.0, 1.25][:batch], device=device)
     norm = nn.BatchNorm2d(channels).to(device).train()
-    return s, u, w, z, gate, weight, keep, norm
+    return s, r, u, w, z, gate, weight, keep, norm
 
 
-def branch_reference(s, u, w, z, gate, weight, keep, norm, eps=1e-3):
+def branch_reference(s, r, u, w, z, gate, weight, keep, norm, eps=1e-3):
     """The same maths with PyTorch ops, as KCLALayer's reference path runs
-    it: ReLU, GAP, state update, DWConv, gate, BN, ReLU, drop-path, add."""
+    it: shortcut add, ReLU, GAP, state update, DWConv, gate, BN, ReLU,
+    drop-path, add."""
     b, c, h, wd = s.shape
     g = w.shape[1]
-    x = F.relu(s)
+    x = F.relu(s + r)
     pooled = x.mean((2, 3))
     u_next, agg = kcla_state_update_reference(x, u, w, z, eps)
     o = F.conv2d(agg, weight, padding=1, groups=c)
@@ -230,9 +234,9 @@ def branch_reference(s, u, w, z, gate, weight, keep, norm, eps=1e-3):
     return x + y, u_next, pooled
 
 
-def branch_fused(s, u, w, z, gate, weight, keep, norm, eps=1e-3):
+def branch_fused(s, r, u, w, z, gate, weight, keep, norm, eps=1e-3):
     """The fused op: relu_pool, then the branch written over its output."""
-    x, pooled = relu_pool(s)
+    x, pooled = relu_pool(s, r)
     out, u_next = kcla_branch(x, u, w, z, gate, weight, norm, keep, eps,
                               out_in_place=True)
     return out, u_next, pooled
@@ -248,8 +252,9 @@ def branch_step(fn, case):
 
 
 def section_c(args):
-    print('(c) the fused op vs its PyTorch reference: ReLU + GAP + steps '
-          '4-8 of one layer, forward + backward, batch 4, BN training')
+    print('(c) the fused op vs its PyTorch reference: shortcut add + ReLU + '
+          'GAP + steps 4-8 of one layer, forward + backward, batch 4, BN '
+          'training')
     print(f'  {"stage size":<34} {"PyTorch":>12} {"fused":>12}      '
           f'ratio (PyTorch / fused)')
     for channels, size in STAGES_R50:

@@ -73,18 +73,26 @@ class BasicBlock(BaseModule):
     def forward(self,
                 x: Tensor,
                 identity: Optional[Tensor] = None,
-                final_relu: bool = True) -> Tensor:
+                fuse_tail: bool = False):
         """(B, C_in, H, W) -> (B, C_out, H', W'); ``identity``: the
         shortcut if the caller already computed it (default: downsample(x)
-        or x); ``final_relu=False`` returns the residual sum before the
-        block's last ReLU (for a layer that applies it itself)."""
+        or x); ``fuse_tail=True`` returns ``(out, shortcut)`` before their
+        add and the block's last ReLU, for a layer that applies both itself
+        (never checkpointed: the caller ensures ``with_cp`` is off)."""
 
-        def _inner_forward(x, identity):
+        def _branches(x, identity):
             if identity is None:
                 identity = x if self.downsample is None else \
                     self.downsample(x)
             out = self.relu(self.norm1(self.conv1(x)))
             out = self.norm2(self.conv2(out))
+            return out, identity
+
+        if fuse_tail:
+            return _branches(x, identity)
+
+        def _inner_forward(x, identity):
+            out, identity = _branches(x, identity)
             return out + identity
 
         if self.with_cp and x.requires_grad:
@@ -92,7 +100,7 @@ class BasicBlock(BaseModule):
                                 use_reentrant=False)
         else:
             out = _inner_forward(x, identity)
-        return self.relu(out) if final_relu else out
+        return self.relu(out)
 
 
 class Bottleneck(BaseModule):
@@ -207,13 +215,14 @@ class Bottleneck(BaseModule):
     def forward(self,
                 x: Tensor,
                 identity: Optional[Tensor] = None,
-                final_relu: bool = True) -> Tensor:
+                fuse_tail: bool = False):
         """(B, C_in, H, W) -> (B, 4 planes, H', W'); ``identity``: the
         shortcut if the caller already computed it (default: downsample(x)
-        or x); ``final_relu=False`` returns the residual sum before the
-        block's last ReLU (for a layer that applies it itself)."""
+        or x); ``fuse_tail=True`` returns ``(out, shortcut)`` before their
+        add and the block's last ReLU, for a layer that applies both itself
+        (never checkpointed: the caller ensures ``with_cp`` is off)."""
 
-        def _inner_forward(x, identity):
+        def _branches(x, identity):
             if identity is None:
                 identity = x if self.downsample is None else \
                     self.downsample(x)
@@ -223,6 +232,13 @@ class Bottleneck(BaseModule):
             out = self._plugins(out, 'after_conv2')
             out = self.norm3(self.conv3(out))
             out = self._plugins(out, 'after_conv3')
+            return out, identity
+
+        if fuse_tail:
+            return _branches(x, identity)
+
+        def _inner_forward(x, identity):
+            out, identity = _branches(x, identity)
             return out + identity
 
         if self.with_cp and x.requires_grad:
@@ -230,7 +246,7 @@ class Bottleneck(BaseModule):
                                 use_reentrant=False)
         else:
             out = _inner_forward(x, identity)
-        return self.relu(out) if final_relu else out
+        return self.relu(out)
 
 
 def make_res_layer(block: type,

@@ -494,19 +494,17 @@ class ResNetKCLA(BaseModule):
         return first.in_channels
 
     def _attend(self, attn: nn.Module, x: Tensor, state,
-                identity: Optional[Tensor], relu_input: bool):
-        if relu_input:  # never under with_cp (see _fuses_relu)
-            return attn(x, state, relu_input=True)
+                identity: Optional[Tensor]):
         args = (x, state, identity) if identity is not None else (x, state)
         if self.with_cp and x.requires_grad:
             return cp.checkpoint(attn, *args, use_reentrant=False)
         return attn(*args)
 
-    def _fuses_relu(self, attn: Optional[nn.Module]) -> bool:
-        """Whether ``attn`` applies its block's final ReLU itself: KCLA
-        layers do (fused with their pooling, so the ReLU output is never
-        saved for backward), except under with_cp, where the checkpointed
-        attention must not overwrite its input."""
+    def _fuses_tail(self, attn: Optional[nn.Module]) -> bool:
+        """Whether ``attn`` applies its block's shortcut add and final ReLU
+        itself: KCLA layers do (fused with their pooling, so the ReLU
+        output is never saved for backward), except under with_cp, where
+        the checkpointed attention must not overwrite its input."""
         return isinstance(attn, KCLALayer) and not self.with_cp
 
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
@@ -530,11 +528,15 @@ class ResNetKCLA(BaseModule):
                     # computed once, shared by the block and the attention
                     identity = x if block.downsample is None else \
                         block.downsample(x)
-                relu_input = self._fuses_relu(attn)
-                x = block(x, identity, final_relu=not relu_input)
+                if self._fuses_tail(attn):
+                    out, shortcut = block(x, identity, fuse_tail=True)
+                    x, state = attn(out, state, relu_input=True,
+                                    shortcut=shortcut)
+                    continue
+                x = block(x, identity)
                 if attn is None:
                     continue
-                x, state = self._attend(attn, x, state, identity, relu_input)
+                x, state = self._attend(attn, x, state, identity)
             if i in self.out_indices:
                 outs.append(x)
         return tuple(outs)

@@ -1,6 +1,8 @@
 """ECA-style channel convolutions that produce KCLA's queries and keys."""
 import math
+from typing import Tuple
 
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
@@ -32,10 +34,30 @@ def eca_project(conv: nn.Conv1d, pooled: Tensor, num_heads: int) -> Tensor:
     """
     b, c = pooled.shape
     dtype = state_dtype(pooled)
-    # the same cross-correlation as conv(pooled), as windows @ kernel: CPU
-    # convolution backends take milliseconds for this (B, 1, C) input
-    pad = conv.padding[0]
-    windows = F.pad(pooled.to(dtype), (pad, pad)).unfold(
-        1, conv.kernel_size[0], 1)
-    out = windows @ conv.weight.to(dtype).view(-1)
+    out = _windows(conv, pooled.to(dtype)) @ conv.weight.to(dtype).view(-1)
     return out.view(b, num_heads, c // num_heads)
+
+
+def eca_project_pair(conv_a: nn.Conv1d, conv_b: nn.Conv1d, pooled: Tensor,
+                     num_heads: int) -> Tuple[Tensor, Tensor]:
+    """``eca_project`` with two convs of one kernel size (KCLA's query and
+    key) in one matmul: (B, C) -> two (B, G, C // G)."""
+    if conv_a.kernel_size != conv_b.kernel_size:
+        raise ValueError('eca_project_pair: the two convs have kernel sizes '
+                         f'{conv_a.kernel_size} and {conv_b.kernel_size}')
+    b, c = pooled.shape
+    dtype = state_dtype(pooled)
+    kernels = torch.stack([conv_a.weight.to(dtype).view(-1),
+                           conv_b.weight.to(dtype).view(-1)], dim=1)
+    out = _windows(conv_a, pooled.to(dtype)) @ kernels  # (B, C, 2)
+    shape = (b, num_heads, c // num_heads)
+    return out[..., 0].view(shape), out[..., 1].view(shape)
+
+
+def _windows(conv: nn.Conv1d, pooled: Tensor) -> Tensor:
+    """The zero-padded sliding windows of ``conv`` over the channels of
+    ``pooled`` (B, C) -> (B, C, k): the same cross-correlation as
+    ``conv(pooled)`` becomes windows @ kernel (CPU convolution backends
+    take milliseconds for this (B, 1, C) input)."""
+    pad = conv.padding[0]
+    return F.pad(pooled, (pad, pad)).unfold(1, conv.kernel_size[0], 1)

@@ -22,7 +22,7 @@ from kcla_mm.ops.kcla_branch import (StateTape, branch_supported,
                                      kcla_branch, kcla_branch_inference,
                                      relu_pool)
 from kcla_mm.ops.kcla_state import IMPLS
-from .eca import build_eca_conv, eca_project
+from .eca import build_eca_conv, eca_project, eca_project_pair
 from .state import KCLAState
 from .utils import (check_bool, check_feature, check_head_dim,
                     check_layer_cfg, check_positive_float,
@@ -403,21 +403,38 @@ class KCLALayer(BaseModule):
     def forward(self,
                 x: Tensor,
                 state: Optional[KCLAState] = None,
-                relu_input: bool = False) -> Tuple[Tensor, KCLAState]:
+                relu_input: bool = False,
+                shortcut: Optional[Tensor] = None
+                ) -> Tuple[Tensor, KCLAState]:
         """Attend to the earlier layers and add the result to ``x``.
 
         Args:
             x (Tensor): the block output, (B, C, H, W).
             state (KCLAState, optional): the state after the previous layer.
             relu_input (bool): ``x`` is the block's residual sum before its
-                final ReLU; the layer applies that ReLU itself (on the fused
-                path together with its pooling, saving nothing but a bit
-                mask) and may overwrite ``x``. Defaults to False.
+                final ReLU (or, with ``shortcut``, its residual branch
+                before the add); the layer applies that ReLU itself (on the
+                fused path together with its pooling, saving nothing but a
+                bit mask) and may overwrite ``x``. Defaults to False.
+            shortcut (Tensor, optional): the block's shortcut (B, C, H, W),
+                added to ``x`` before the ReLU; only with ``relu_input``.
+                Defaults to None.
 
         Returns:
             tuple[Tensor, KCLAState]: X + Y (B, C, H, W) and the new state.
         """
         check_feature(x, self.channels, type(self).__name__)
+        if shortcut is not None:
+            if not relu_input:
+                raise ValueError(f'{type(self).__name__}: shortcut is added '
+                                 'before the block\'s final ReLU; pass it '
+                                 'with relu_input=True')
+            if not isinstance(shortcut, Tensor) or \
+                    shortcut.shape != x.shape:
+                raise ValueError(
+                    f'{type(self).__name__}: shortcut must be a Tensor of '
+                    f'the input\'s shape {tuple(x.shape)}, got '
+                    f'{getattr(shortcut, "shape", type(shortcut).__name__)}')
         b, c, h, w = x.shape
         g = self.num_heads
         # no autocast on devices without it (e.g. 'meta' for shape runs)
@@ -431,15 +448,19 @@ class KCLALayer(BaseModule):
             if fused:
                 x_in = x.to(dtype).contiguous()
                 if relu_input:
-                    x_in, pooled = relu_pool(x_in)
+                    x_in, pooled = relu_pool(
+                        x_in, None if shortcut is None else
+                        shortcut.to(dtype).contiguous())
                 else:
                     pooled = x_in.mean((2, 3))
             else:
+                if shortcut is not None:
+                    x = x + shortcut
                 if relu_input:
                     x = F.relu(x, inplace=True)
                 pooled = x.to(dtype).mean((2, 3))
-            query = eca_project(self.q_conv, pooled, g)
-            key = eca_project(self.k_conv, pooled, g)
+            query, key = eca_project_pair(self.q_conv, self.k_conv, pooled,
+                                          g)
             weight = layer_weights(key, self.norm_d)
             relevance = (query * key).sum(-1) / key.norm(dim=-1).clamp_min(
                 self.key_eps)

@@ -8,7 +8,7 @@
 // pooled: (B, C); per-plane partial sums: (B, C, k); masks: (B, C,
 // ceil(H * W / 8)) uint8, bit i % 8 of byte i / 8 for position i of a plane.
 //
-//   x      = ReLU(s)                          (in place, kcla_relu_pool)
+//   x      = ReLU(s + r)                      (in place, kcla_relu_pool)
 //   u_next = u + w * x                        (u undefined: w * x)
 //   o      = gate * DWConv3x3(u_next / (z + eps))
 //   out    = x + keep * ReLU(scale * o + shift)
@@ -22,9 +22,11 @@
 
 #include <string>
 
-// s = ReLU(s) in place; mask (optional) = [s > 0]; pooled = mean over H, W.
-void kcla_relu_pool_forward_impl(at::Tensor s, at::Tensor mask,
-                                 at::Tensor pooled);
+// s = ReLU(s + residual) in place (residual optional: the block's shortcut,
+// so the residual add is fused too); mask (optional) = [s > 0]; pooled =
+// mean of s over H, W.
+void kcla_relu_pool_forward_impl(at::Tensor s, const at::Tensor residual,
+                                 at::Tensor mask, at::Tensor pooled);
 
 // grad_s = mask * (grad_x + grad_pooled / (H * W)).
 void kcla_relu_pool_backward_impl(const at::Tensor grad_x,
@@ -87,8 +89,8 @@ std::string kcla_cpu_isa();
 
 // Python-facing entries (pytorch/kcla_branch.cpp): check, then dispatch.
 using OptTensor = c10::optional<at::Tensor>;
-void kcla_relu_pool_forward(at::Tensor s, const OptTensor mask,
-                            at::Tensor pooled);
+void kcla_relu_pool_forward(at::Tensor s, const OptTensor residual,
+                            const OptTensor mask, at::Tensor pooled);
 void kcla_relu_pool_backward(const at::Tensor grad_x,
                              const at::Tensor grad_pooled,
                              const at::Tensor mask, at::Tensor grad_s);

@@ -3,9 +3,10 @@
 #include "pytorch_cpp_helper.hpp"
 #include "pytorch_device_registry.hpp"
 
-void kcla_relu_pool_forward_impl(at::Tensor s, at::Tensor mask,
-                                 at::Tensor pooled) {
-  DISPATCH_DEVICE_IMPL(kcla_relu_pool_forward_impl, s, mask, pooled);
+void kcla_relu_pool_forward_impl(at::Tensor s, const at::Tensor residual,
+                                 at::Tensor mask, at::Tensor pooled) {
+  DISPATCH_DEVICE_IMPL(kcla_relu_pool_forward_impl, s, residual, mask,
+                       pooled);
 }
 
 void kcla_relu_pool_backward_impl(const at::Tensor grad_x,
@@ -92,13 +93,15 @@ void check_bn_args(const FeatureArgChecker& ck, const at::Tensor& scale,
 
 }  // namespace
 
-void kcla_relu_pool_forward(at::Tensor s, const OptTensor mask,
-                            at::Tensor pooled) {
+void kcla_relu_pool_forward(at::Tensor s, const OptTensor residual,
+                            const OptTensor mask, at::Tensor pooled) {
   FeatureArgChecker ck("kcla_relu_pool_forward", s, at::Tensor(), false, "s");
+  const at::Tensor residual_t = optional_tensor(residual);
+  if (residual_t.defined()) ck.map(residual_t, "residual");
   const at::Tensor mask_t = optional_tensor(mask);
   if (mask_t.defined()) ck.relu_mask(mask_t, "mask");
   ck.planes(pooled, "pooled");
-  kcla_relu_pool_forward_impl(s, mask_t, pooled);
+  kcla_relu_pool_forward_impl(s, residual_t, mask_t, pooled);
 }
 
 void kcla_relu_pool_backward(const at::Tensor grad_x,

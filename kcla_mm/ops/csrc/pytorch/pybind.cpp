@@ -54,8 +54,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cpu_isa", &kcla_cpu_isa,
         "instruction set of the CPU kernels: 'avx2' or 'base'");
   m.def("kcla_relu_pool_forward", &kcla_relu_pool_forward,
-        "s = ReLU(s) in place, its bit mask and its mean per plane",
-        py::arg("s"), py::arg("mask"), py::arg("pooled"));
+        "s = ReLU(s + residual) in place, its bit mask and its mean per "
+        "plane",
+        py::arg("s"), py::arg("residual"), py::arg("mask"),
+        py::arg("pooled"));
   m.def("kcla_relu_pool_backward", &kcla_relu_pool_backward,
         "grad_s = mask * (grad_x + grad_pooled / (H * W))",
         py::arg("grad_x"), py::arg("grad_pooled"), py::arg("mask"),

@@ -165,11 +165,13 @@ __device__ __forceinline__ void kcla_update_plane(const scalar_t* x,
   __syncthreads();
 }
 
-// s = ReLU(s) in place; mask (optional) = [s > 0]; pooled = plane mean.
+// s = ReLU(s + residual) in place (residual optional); mask (optional) =
+// [s > 0]; pooled = plane mean.
 template <typename scalar_t>
 __global__ void kcla_relu_pool_forward_cuda_kernel(
     const int64_t planes, const int64_t hw, const int64_t bytes, scalar_t* s,
-    uint8_t* __restrict__ mask, scalar_t* __restrict__ pooled) {
+    const scalar_t* __restrict__ residual, uint8_t* __restrict__ mask,
+    scalar_t* __restrict__ pooled) {
   using acc_t = at::opmath_type<scalar_t>;
   __shared__ acc_t red[KCLA_BRANCH_MAX_WARPS];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -182,7 +184,9 @@ __global__ void kcla_relu_pool_forward_cuda_kernel(
       const int64_t i = base + lane;
       bool on = false;
       if (i < hw) {
-        const acc_t r = kcla_relu(static_cast<acc_t>(v[i]));
+        acc_t r = static_cast<acc_t>(v[i]);
+        if (residual != nullptr) r += static_cast<acc_t>(residual[p * hw + i]);
+        r = kcla_relu(r);
         v[i] = static_cast<scalar_t>(r);
         sum[0] += r;
         on = r > acc_t(0);

@@ -75,18 +75,35 @@ inline void conv3x3(PaddedPlane<T>& p, const T* w9) {
 }
 
 // gw9[3k+l] = sum_{i,j} g[i * Wp + j] * p.pad[(i + k) * Wp + j + l], for g
-// in the H x Wp layout with its two extra columns and tail zero.
+// in the H x Wp layout with its two extra columns and tail zero. One pass
+// with 9 x kLanes independent accumulators (nine single-accumulator dot
+// products would each wait on the FMA latency).
 template <typename T>
 inline void conv3x3_weight_grad(const T* __restrict__ g,
                                 const PaddedPlane<T>& p, T* gw9) {
-  const int64_t n = p.n;
-  for (int k = 0; k < 3; ++k) {
-    for (int l = 0; l < 3; ++l) {
-      const T* __restrict__ src = p.pad.data() + k * p.Wp + l;
-      T sum = 0;
-      for (int64_t i = 0; i < n; ++i) sum += g[i] * src[i];
-      gw9[3 * k + l] = sum;
+  constexpr int64_t L = PaddedPlane<T>::kLanes;  // p.n is a multiple of L
+  const int64_t n = p.n, r1 = p.Wp, r2 = 2 * p.Wp;
+  const T* __restrict__ src = p.pad.data();
+  T acc[9][L] = {};
+  for (int64_t i0 = 0; i0 < n; i0 += L) {
+    for (int64_t l = 0; l < L; ++l) {
+      const int64_t i = i0 + l;
+      const T gv = g[i];
+      acc[0][l] += gv * src[i];
+      acc[1][l] += gv * src[i + 1];
+      acc[2][l] += gv * src[i + 2];
+      acc[3][l] += gv * src[i + r1];
+      acc[4][l] += gv * src[i + r1 + 1];
+      acc[5][l] += gv * src[i + r1 + 2];
+      acc[6][l] += gv * src[i + r2];
+      acc[7][l] += gv * src[i + r2 + 1];
+      acc[8][l] += gv * src[i + r2 + 2];
     }
+  }
+  for (int k = 0; k < 9; ++k) {
+    T sum = 0;
+    for (int64_t l = 0; l < L; ++l) sum += acc[k][l];
+    gw9[k] = sum;
   }
 }
 
@@ -202,10 +219,12 @@ struct Scratch {
 };
 
 template <typename T>
-void relu_pool_forward(at::Tensor& s, at::Tensor& mask, at::Tensor& pooled) {
+void relu_pool_forward(at::Tensor& s, const at::Tensor& residual,
+                       at::Tensor& mask, at::Tensor& pooled) {
   const int64_t planes = s.size(0) * s.size(1);
   const int64_t hw = s.size(2) * s.size(3), bytes = (hw + 7) / 8;
   T* ps = s.data_ptr<T>();
+  const T* pr = data_ptr_or_null<T>(residual);
   uint8_t* pmask = data_ptr_or_null<uint8_t>(mask);
   T* pp = pooled.data_ptr<T>();
   at::parallel_for(0, planes, 1, [&, hw](int64_t begin, int64_t end) {
@@ -216,11 +235,21 @@ void relu_pool_forward(at::Tensor& s, at::Tensor& mask, at::Tensor& pooled) {
       T* __restrict__ v = ps + p * n_hw;
       uint8_t* __restrict__ o = on.data();
       T sum = 0;
-      for (int64_t i = 0; i < n_hw; ++i) {
-        const T r = std::max(v[i], T(0));
-        v[i] = r;
-        sum += r;
-        o[i] = r > T(0);
+      if (pr != nullptr) {
+        const T* __restrict__ res = pr + p * n_hw;
+        for (int64_t i = 0; i < n_hw; ++i) {
+          const T r = std::max(v[i] + res[i], T(0));
+          v[i] = r;
+          sum += r;
+          o[i] = r > T(0);
+        }
+      } else {
+        for (int64_t i = 0; i < n_hw; ++i) {
+          const T r = std::max(v[i], T(0));
+          v[i] = r;
+          sum += r;
+          o[i] = r > T(0);
+        }
       }
       if (pmask != nullptr) pack_bits(o, n_hw, pmask + p * bytes);
       pp[p] = sum / T(n_hw);
@@ -478,10 +507,10 @@ void branch_backward(const at::Tensor& grad_out, const at::Tensor& grad_u_next,
   AT_DISPATCH_FLOATING_TYPES(TYPE, NAME, [&] { __VA_ARGS__; })
 
 // The launchers of this ISA's copy, with the *_impl signatures.
-void relu_pool_forward_cpu(at::Tensor s, at::Tensor mask,
-                                  at::Tensor pooled) {
+void relu_pool_forward_cpu(at::Tensor s, const at::Tensor residual,
+                           at::Tensor mask, at::Tensor pooled) {
   KCLA_DISPATCH_CPU(s.scalar_type(), "kcla_relu_pool_forward_cpu",
-                    relu_pool_forward<scalar_t>(s, mask, pooled));
+                    relu_pool_forward<scalar_t>(s, residual, mask, pooled));
 }
 
 void relu_pool_backward_cpu(const at::Tensor grad_x,

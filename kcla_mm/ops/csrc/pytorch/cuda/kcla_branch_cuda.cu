@@ -47,8 +47,8 @@ constexpr int64_t kMaxWorkspaceBytes = int64_t(256) << 20;
 
 }  // namespace
 
-void kcla_relu_pool_forward_cuda(at::Tensor s, at::Tensor mask,
-                                 at::Tensor pooled) {
+void kcla_relu_pool_forward_cuda(at::Tensor s, const at::Tensor residual,
+                                 at::Tensor mask, at::Tensor pooled) {
   const int64_t planes = s.size(0) * s.size(1);
   if (planes == 0) return;
   const int64_t hw = s.size(2) * s.size(3), bytes = (hw + 7) / 8;
@@ -60,6 +60,7 @@ void kcla_relu_pool_forward_cuda(at::Tensor s, at::Tensor mask,
         kcla_relu_pool_forward_cuda_kernel<scalar_t>
             <<<plane_grid(planes), plane_threads(hw), 0, stream>>>(
                 planes, hw, bytes, s.data_ptr<scalar_t>(),
+                data_ptr_or_null<scalar_t>(residual),
                 data_ptr_or_null<uint8_t>(mask),
                 pooled.data_ptr<scalar_t>());
       });
