@@ -41,13 +41,12 @@ def layer_weights(key: Tensor, norm_d: Tensor) -> Tensor:
 
 
 def grouped_pointwise(x: Tensor, conv: nn.Conv2d) -> Tensor:
-    """``conv(x)`` for a grouped 1x1 conv without bias or padding,
-    (B, C', H', W') -> (B, C, ceil(H' / s), ceil(W' / s)), as a strided
-    slice and one batched matmul (CPU convolution backends are slow for
-    these grouped, strided 1x1 convs, forward and backward)."""
-    s, g = conv.stride[0], conv.groups
-    if s > 1:
-        x = x[:, :, ::s, ::s]
+    """``conv(x_full)`` for a grouped 1x1 conv without bias or padding,
+    given ``x = x_full[:, :, ::s, ::s]`` (s = ``conv.stride``, the only
+    pixels it reads), (B, C', H, W) -> (B, C, H, W), as one batched matmul
+    (CPU convolution backends are slow for these grouped, strided 1x1
+    convs, forward and backward)."""
+    g = conv.groups
     b, c_in, h, w = x.shape
     weight = conv.weight.to(x.dtype).view(g, -1, c_in // g)
     out = torch.matmul(weight, x.reshape(b, g, c_in // g, h * w))
@@ -139,7 +138,11 @@ class KCLAStateAdapter(BaseModule):
             raise ValueError(f'KCLAStateAdapter: the incoming state has '
                              f'{state.u.shape[1]} channels, expected '
                              f'in_channels={self.in_channels}')
-        a = state.aggregate()  # U / Z, no eps (authors' Algorithm 1)
+        s = self.stride
+        # U / Z (no eps, the authors' Algorithm 1), only at the pixels the
+        # strided 1x1 conv reads
+        a = KCLAState(state.u[:, :, ::s, ::s] if s > 1 else state.u,
+                      state.z).aggregate()
         if self.resize and tuple(a.shape[2:]) != tuple(size):
             a = F.interpolate(a, size=size, mode='bilinear',
                               align_corners=False)
