@@ -141,8 +141,7 @@ class KCLAStateAdapter(BaseModule):
         s = self.stride
         # U / Z (no eps, the authors' Algorithm 1), only at the pixels the
         # strided 1x1 conv reads
-        a = KCLAState(state.u[:, :, ::s, ::s] if s > 1 else state.u,
-                      state.z).aggregate()
+        a = KCLAState(state.u[:, :, ::s, ::s], state.z).aggregate()
         if self.resize and tuple(a.shape[2:]) != tuple(size):
             a = F.interpolate(a, size=size, mode='bilinear',
                               align_corners=False)
