@@ -23,8 +23,10 @@ even save ``u_next``: the next layer's backward inverts the running sum,
 ``u = u_next' - w' * x'``, and hands the result back through the tape, so
 the state costs one buffer per chain of layers instead of one feature map
 per layer. :func:`kcla_branch_inference` folds BN into one pass and
-updates the state in place. All run the kernels of ``kcla_mm._ext``
-(float32/float64); callers check :func:`branch_supported`.
+updates the state in place; :func:`kcla_layer_inference` runs a whole
+layer (with its tail op and heads) in one call, sample by sample. All run
+the kernels of ``kcla_mm._ext`` (float32/float64); callers check
+:func:`branch_supported` (and :func:`layer_supported`).
 """
 from typing import Optional, Tuple
 
@@ -73,6 +75,20 @@ def branch_supported(x: Tensor, norm: nn.Module) -> bool:
     return (type(norm) is nn.BatchNorm2d and norm.affine
             and x.dtype in (torch.float32, torch.float64)
             and has_device_impl(x.device.type, 'branch'))
+
+
+def layer_supported(x: Tensor) -> bool:
+    """Whether :func:`kcla_layer_inference` can run for ``x`` (on top of
+    :func:`branch_supported`)."""
+    return has_device_impl(x.device.type, 'layer')
+
+
+def foldable_bn(norm: nn.Module) -> bool:
+    """Whether ``norm`` is an eval-mode ``nn.BatchNorm2d`` with running
+    statistics and affine parameters: an affine map
+    :func:`kcla_layer_inference` can fold in."""
+    return (type(norm) is nn.BatchNorm2d and norm.affine
+            and not norm.training and norm.running_mean is not None)
 
 
 def relu_pool(s: Tensor,
@@ -152,7 +168,7 @@ def _combine_plane_stats(stats: Tensor, hw: int) -> Tuple[Tensor, Tensor]:
     return mean, m2 / (stats.shape[0] * hw)
 
 
-def _folded_bn(norm: nn.BatchNorm2d, mean: Tensor, var: Tensor,
+def folded_bn(norm: nn.BatchNorm2d, mean: Tensor, var: Tensor,
                dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor]:
     """(invstd, scale, shift) with BN(o) = scale * o + shift, each (C,)."""
     invstd = torch.rsqrt(var.to(dtype) + norm.eps)
@@ -184,12 +200,12 @@ class KCLABranchFunction(Function):
             ext.kcla_branch_stats(x, u, w, z, gate, weight, u_next, stats, eps)
             mean, var = _combine_plane_stats(stats, h * w_)
             _update_running_stats(norm, mean, var, b * h * w_)
-            invstd, scale, shift = _folded_bn(norm, mean, var, x.dtype)
+            invstd, scale, shift = folded_bn(norm, mean, var, x.dtype)
             ext.kcla_branch_apply(x, u_next, z, gate, weight, scale, shift,
                                   keep, out, mask, eps)
         else:
             mean = norm.running_mean
-            invstd, scale, shift = _folded_bn(norm, mean, norm.running_var,
+            invstd, scale, shift = folded_bn(norm, mean, norm.running_var,
                                               x.dtype)
             ext.kcla_branch_forward(x, u, w, z, gate, weight, scale, shift,
                                     keep, u_next, out, mask, eps)
@@ -324,7 +340,7 @@ def kcla_branch_inference(x: Tensor,
     ``out_in_place`` so is ``x``.
     """
     dtype = x.dtype
-    _, scale, shift = _folded_bn(norm, norm.running_mean, norm.running_var,
+    _, scale, shift = folded_bn(norm, norm.running_mean, norm.running_var,
                                  dtype)
     u_next = torch.empty_like(x) if u is None else u
     out = x if out_in_place else torch.empty_like(x)
@@ -334,3 +350,54 @@ def kcla_branch_inference(x: Tensor,
                                   weight.to(dtype).contiguous(), scale, shift,
                                   None, u_next, out, None, float(eps))
     return out, u_next
+
+
+def kcla_layer_inference(s: Tensor,
+                         residual: Optional[Tensor],
+                         u: Optional[Tensor],
+                         z: Optional[Tensor],
+                         q_kernel: Tensor,
+                         k_kernel: Tensor,
+                         norm_d: Tensor,
+                         gate_weight: Tensor,
+                         weight: Tensor,
+                         norm: nn.BatchNorm2d,
+                         eps: float,
+                         key_eps: float,
+                         max_log_weight: float,
+                         tail_norm: Optional[nn.BatchNorm2d] = None
+                         ) -> Tuple[Tensor, Tensor, Tensor]:
+    """A whole KCLA layer, no grad, eval BN, in one call; returns
+    ``(out, u_next, z_next)``.
+
+    ``out = x + ReLU(BN(gate * DWConv3x3(u_next / (z_next + eps))))`` with
+    ``x = ReLU(tail_norm(s) + residual)`` (both optional), the heads from
+    ``GAP(x)`` (ECA kernels ``q_kernel``, ``k_kernel`` (k,), ``norm_d``
+    (G,), ``gate_weight`` (G, G)) and ``u_next = u + w * x``. ``s`` (B, C,
+    H, W) contiguous is overwritten with ``out``; ``u`` (with ``z`` (B, G),
+    or neither: the first layer) is updated in place.
+    """
+    dtype = s.dtype
+    b = s.shape[0]
+    g = norm_d.shape[0]
+    _, scale, shift = folded_bn(norm, norm.running_mean, norm.running_var,
+                                 dtype)
+    tail_scale = tail_shift = None
+    if tail_norm is not None:
+        _, tail_scale, tail_shift = folded_bn(
+            tail_norm, tail_norm.running_mean, tail_norm.running_var, dtype)
+    u_next = torch.empty_like(s) if u is None else u
+    w = s.new_empty((b, g))
+    z_next = torch.empty_like(w)
+    gate = torch.empty_like(w)
+
+    def vec(t: Tensor) -> Tensor:
+        return t.to(dtype).contiguous()
+
+    get_ext().kcla_layer_inference(
+        s, residual, tail_scale, tail_shift, u,
+        None if z is None else vec(z), vec(q_kernel.view(-1)),
+        vec(k_kernel.view(-1)), vec(norm_d), vec(gate_weight), vec(weight),
+        scale, shift, u_next, w, z_next, gate, float(eps), float(key_eps),
+        float(max_log_weight))
+    return s, u_next, z_next

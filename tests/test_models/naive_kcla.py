@@ -82,7 +82,7 @@ def naive_kcla(layers, xs):
             1)
         history.append((wts, x))
         agg = torch.zeros_like(x)
-        gate_in = torch.zeros(b, g)
+        gate_in = x.new_zeros(b, g)
         for i in range(g):
             sl = slice(i * d, (i + 1) * d)
             num = sum(wt[:, i].view(b, 1, 1, 1) * xx[:, sl]

@@ -42,6 +42,80 @@ def test_kcla_layer_equals_naive_spec(impl):
                                    msg=f'layer {t}')
 
 
+def random_bn(channels, seed, dtype=torch.float32):
+    """An eval-mode BatchNorm2d with random affine and running statistics."""
+    gen = torch.Generator().manual_seed(seed)
+    bn = torch.nn.BatchNorm2d(channels)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5, generator=gen)
+        bn.bias.uniform_(-0.3, 0.3, generator=gen)
+        bn.running_mean.uniform_(-0.3, 0.3, generator=gen)
+        bn.running_var.uniform_(0.5, 2.0, generator=gen)
+    return bn.to(dtype).eval()
+
+
+@pytest.mark.parametrize('grad', [False, True])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+@pytest.mark.parametrize('impl', ['torch', 'fused'])
+def test_block_tail_inputs_equal_naive_spec(impl, dtype, grad):
+    """The backbone's call: the block's branch before its last norm, the
+    shortcut and that norm (relu_input, shortcut, tail_norm), in eval mode,
+    against the naive spec on X = ReLU(norm(s) + r). Without grad the fused
+    layer runs as one kcla_layer_inference call and the adapters fold into
+    one matmul; with grad, neither folds."""
+    torch.manual_seed(0)
+    layers = [layer.to(dtype) for layer in make_chain(impl)]
+    shapes = [(2, 16, 8, 6)] * 2 + [(2, 32, 4, 3)] * 4
+    ss = [torch.randn(shape, dtype=dtype) for shape in shapes]
+    rs = [torch.randn(shape, dtype=dtype) for shape in shapes]
+    norms = [random_bn(shape[1], i, dtype) for i, shape in enumerate(shapes)]
+    state = None
+    outs = []
+    with torch.set_grad_enabled(grad):
+        for i, layer in enumerate(layers):
+            folds = impl == 'fused' and not grad
+            assert layer.folds_tail_norm(ss[i], norms[i]) == folds
+            if layer.adapter is not None:
+                assert layer.adapter.folds() == (not grad)
+            s = ss[i].clone()
+            out, state = layer(s, state, relu_input=True, shortcut=rs[i],
+                               tail_norm=norms[i])
+            if folds:
+                assert out is s  # written over the block's output
+            outs.append(out.detach())
+    with torch.no_grad():
+        xs = [F.relu(n(s) + r) for s, r, n in zip(ss, rs, norms)]
+        expected = naive_kcla(layers, xs)
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else {}
+    for t, (a, b) in enumerate(zip(outs, expected)):
+        torch.testing.assert_close(a, b, msg=f'layer {t}', **tol)
+
+
+def test_tail_norm_folds_only_in_no_grad_eval():
+    layer = KCLALayer(16, head_dim=8).eval()
+    x = torch.rand(2, 16, 4, 4)
+    bn = random_bn(16, 0)
+    with torch.no_grad():
+        assert layer.folds_tail_norm(x, bn) and layer.folds_tail_norm(x)
+        assert not layer.folds_tail_norm(x, bn.train())  # batch statistics
+        bn.eval()
+        assert not layer.train().folds_tail_norm(x, bn)
+        layer.eval()
+        assert not layer.folds_tail_norm(x, torch.nn.GroupNorm(2, 16))
+    assert not layer.folds_tail_norm(x, bn)  # grad enabled
+    # otherwise the layer applies the norm itself: same result as folded
+    s, r = torch.randn(2, 16, 4, 4), torch.randn(2, 16, 4, 4)
+    with torch.no_grad():
+        folded, _ = layer(s.clone(), None, relu_input=True, shortcut=r,
+                          tail_norm=bn)
+    applied, _ = layer(s.clone(), None, relu_input=True, shortcut=r,
+                       tail_norm=bn)
+    torch.testing.assert_close(folded, applied.detach(), rtol=1e-5,
+                               atol=1e-6)
+    with pytest.raises(ValueError, match='tail_norm is the block'):
+        layer(s, None, tail_norm=bn)
+
+
 def test_fused_and_torch_paths_agree_with_gradients():
     torch.manual_seed(0)
     xs = [torch.randn(2, 16, 8, 6) for _ in range(2)] + \

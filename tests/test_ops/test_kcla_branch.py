@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from kcla_mm.ops import get_ext
 from kcla_mm.ops.kcla_branch import (kcla_branch, kcla_branch_inference,
-                                     relu_pool)
+                                     kcla_layer_inference, relu_pool)
 
 EPS = 1e-3
 
@@ -141,6 +141,110 @@ def test_odd_and_tiny_planes(size):
     ref = reference_branch(x, u, w, z, gate, weight, ref_norm, keep[:2])
     for a, b in zip(fused, ref):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def reference_heads(pooled, q_kernel, k_kernel, norm_d, gate_weight, z,
+                    key_eps=1e-6):
+    """Spec steps 1-3 with torch ops: (w, z_next, gate), each (B, G)."""
+    b, c = pooled.shape
+    g = norm_d.shape[0]
+    pad = (q_kernel.numel() - 1) // 2
+    q, k = (F.conv1d(pooled[:, None], kern.view(1, 1, -1), padding=pad)
+            .view(b, g, c // g) for kern in (q_kernel, k_kernel))
+    norm = k.norm(dim=-1)
+    w = torch.exp(torch.clamp(norm / norm_d, max=10.0))
+    rel = (q * k).sum(-1) / norm.clamp_min(key_eps)
+    gate = torch.sigmoid(rel @ gate_weight.t())
+    return w, w if z is None else z + w, gate
+
+
+@pytest.mark.parametrize('size', [(1, 1), (5, 7), (9, 9)])
+@pytest.mark.parametrize('with_u,with_tail,with_residual',
+                         [(True, True, True), (False, False, False),
+                          (True, False, True), (False, True, False)])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+def test_layer_inference_matches_reference(dtype, with_u, with_tail,
+                                           with_residual, size):
+    """kcla_layer_inference: ReLU(tail BN(s) + r), GAP, heads, branch, in one
+    call, against torch ops; s overwritten, u updated in place."""
+    x, u, _, z, _, weight, norm, _ = make_case(
+        dtype, b=3, c=12, h=size[0], w=size[1], g=3, with_u=with_u)
+    norm.eval()
+    gen = torch.Generator().manual_seed(2)
+    s = torch.randn(x.shape, generator=gen, dtype=dtype)
+    r = torch.randn(x.shape, generator=gen, dtype=dtype) \
+        if with_residual else None
+    tail = clone_norm(norm).eval() if with_tail else None
+    if tail is not None:
+        with torch.no_grad():
+            tail.running_mean.add_(0.1)
+            tail.weight.mul_(0.9)
+    q_kernel, k_kernel = (torch.randn(5, generator=gen, dtype=dtype)
+                          for _ in range(2))
+    norm_d = torch.rand(3, generator=gen, dtype=dtype) + 0.7
+    gate_weight = torch.randn(3, 3, generator=gen, dtype=dtype)
+    z_in = None if u is None else z
+    with torch.no_grad():
+        xr = s if tail is None else tail(s)
+        xr = F.relu(xr if r is None else xr + r)
+        w, z_next, gate = reference_heads(xr.mean((2, 3)), q_kernel,
+                                          k_kernel, norm_d, gate_weight, z_in)
+        ref_out, ref_u = reference_branch(xr, u, w, z_next, gate, weight,
+                                          norm, torch.ones(3, dtype=dtype))
+        state = None if u is None else u.clone()
+        s_in = s.clone()
+        out, u_next, z_got = kcla_layer_inference(
+            s_in, r, state, z_in, q_kernel, k_kernel, norm_d, gate_weight,
+            weight, norm, EPS, 1e-6, 10.0, tail)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else {}
+    torch.testing.assert_close(z_got, z_next, **tol)
+    torch.testing.assert_close(out, ref_out, **tol)
+    torch.testing.assert_close(u_next, ref_u, **tol)
+    assert out is s_in
+    if with_u:
+        assert u_next is state
+
+
+def test_raw_layer_inference_names_bad_arguments():
+    ext = get_ext()
+    x, u, w, z, gate, weight, _, _ = make_case()
+    scale, shift, kern = torch.ones(12), torch.zeros(12), torch.rand(3)
+    norm_d, gate_w = torch.ones(3), torch.rand(3, 3)
+
+    def call(**change):
+        args = dict(s=x.clone(), residual=None, tail_scale=None,
+                    tail_shift=None, u=u, z=z, q_kernel=kern, k_kernel=kern,
+                    norm_d=norm_d, gate_weight=gate_w, weight=weight,
+                    scale=scale, shift=shift, u_next=u.clone(),
+                    w=torch.empty_like(w), z_next=torch.empty_like(w),
+                    gate=torch.empty_like(w), eps=EPS, key_eps=1e-6,
+                    max_log_weight=10.0)
+        args.update(change)
+        ext.kcla_layer_inference(**args)
+
+    call()  # valid
+    with pytest.raises(RuntimeError, match='argument `k_kernel` must be 1-D '
+                       'of odd length, as long as `q_kernel`'):
+        call(k_kernel=torch.rand(5))
+    with pytest.raises(RuntimeError, match='`q_kernel` must be 1-D of odd'):
+        call(q_kernel=torch.rand(4), k_kernel=torch.rand(4))
+    with pytest.raises(RuntimeError, match='`gate_weight` must be \\(G, G\\) '
+                       'with G = 3'):
+        call(gate_weight=torch.rand(3, 2))
+    with pytest.raises(RuntimeError, match='`norm_d` must be \\(G,\\)'):
+        call(norm_d=torch.ones(4))
+    with pytest.raises(RuntimeError, match='`u` and `z` must be given '
+                       'together'):
+        call(z=None)
+    with pytest.raises(RuntimeError, match='`tail_scale` and `tail_shift` '
+                       'must be given together'):
+        call(tail_scale=scale)
+    with pytest.raises(RuntimeError, match='argument `residual` must have '
+                       'the shape of `s`'):
+        call(residual=x[:, :6].contiguous())
+    with pytest.raises(RuntimeError, match='argument `z_next` must have the '
+                       'shape of `w`'):
+        call(z_next=torch.empty(3, 2))
 
 
 def test_raw_branch_ops_name_bad_arguments():

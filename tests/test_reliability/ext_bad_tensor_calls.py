@@ -55,7 +55,11 @@ def tensors():
         shift=ch(), mean=ch(), alpha=ch(), beta=ch(), keep=torch.ones(B, **f),
         pooled=pl(), grad_pooled=pl(), stats=pl(2), bn_sums=pl(2),
         head_sums=pl(3), weight_sums=pl(9),
-        mask=torch.zeros(B, C, (H * W + 7) // 8, dtype=torch.uint8))
+        mask=torch.zeros(B, C, (H * W + 7) // 8, dtype=torch.uint8),
+        tail_scale=ch(), tail_shift=ch(), q_kernel=torch.rand(3, **f),
+        k_kernel=torch.rand(3, **f), norm_d=torch.rand(G, **f) + 0.5,
+        gate_weight=torch.rand(G, G, **f), z_next=hd(), w_out=hd(),
+        gate_out=hd())
 
 
 ENTRIES = {
@@ -73,8 +77,13 @@ ENTRIES = {
     'kcla_branch_backward': 'grad_out grad_u_next out u_next w z gate weight '
                             'scale shift keep mask alpha beta mean grad_x '
                             'grad_u u_prev bn_sums head_sums weight_sums',
+    'kcla_layer_inference': 's residual tail_scale tail_shift u z q_kernel '
+                            'k_kernel norm_d gate_weight weight scale shift '
+                            'u_next w_out z_next gate_out',
 }
 NO_EPS = ('kcla_relu_pool_forward', 'kcla_relu_pool_backward')
+# scalars after the tensors other than eps: key_eps, max_log_weight
+MORE_SCALARS = {'kcla_layer_inference': (1e-6, 10.0)}
 
 
 def call(entry, names, case, change):
@@ -82,6 +91,7 @@ def call(entry, names, case, change):
     args = [change(n, args[n]) for n in names.split()]
     if entry not in NO_EPS:
         args.append(EPS)
+    args += MORE_SCALARS.get(entry, ())
     print(json.dumps(dict(entry=entry, case=case, state='calling')),
           flush=True)
     try:

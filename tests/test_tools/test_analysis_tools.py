@@ -68,8 +68,8 @@ def save_backbone(path, seed=0, **kwargs):
 
 def layer_inputs(model, images):
     """Per attention layer: (x, U, Z) it receives, cloned at call time (x
-    after the block's shortcut add and ReLU, which ResNetKCLA leaves to KCLA
-    layers)."""
+    after the block's last norm, shortcut add and ReLU, which ResNetKCLA
+    leaves to KCLA layers)."""
     captured = {}
     handles = []
     for stage, name in enumerate(model.attn_layers):
@@ -78,6 +78,8 @@ def layer_inputs(model, images):
                 state = args[1] if len(args) > 1 else None
                 u = getattr(state, 'u', None)
                 x = args[0]
+                if kwargs.get('tail_norm') is not None:
+                    x = kwargs['tail_norm'](x)
                 if kwargs.get('shortcut') is not None:
                     x = x + kwargs['shortcut']
                 x = x.clamp_min(0) if kwargs.get('relu_input') else x

@@ -249,8 +249,12 @@ def attention_input(args: tuple, kwargs: dict) -> torch.Tensor:
     arguments of its forward (a forward pre-hook registered with
     ``with_kwargs=True``): ResNetKCLA hands KCLA layers the block's
     residual branch and its ``shortcut``, before their add and the block's
-    final ReLU (``relu_input=True``)."""
-    x = args[0].float()
+    final ReLU (``relu_input=True``), in inference also before the block's
+    last norm (``tail_norm``)."""
+    x = args[0]
+    if kwargs.get('tail_norm') is not None:
+        x = kwargs['tail_norm'](x)
+    x = x.float()
     if kwargs.get('shortcut') is not None:
         x = x + kwargs['shortcut'].float()
     return torch.relu(x) if kwargs.get('relu_input') else x

@@ -70,24 +70,34 @@ class BasicBlock(BaseModule):
     def last_norm(self) -> nn.Module:
         return self.norm2
 
+    defers_last_norm = True  # see Bottleneck.defers_last_norm
+
     def forward(self,
                 x: Tensor,
                 identity: Optional[Tensor] = None,
-                fuse_tail: bool = False):
+                fuse_tail: bool = False,
+                defer_last_norm: bool = False):
         """(B, C_in, H, W) -> (B, C_out, H', W'); ``identity``: the
         shortcut if the caller already computed it (default: downsample(x)
         or x); ``fuse_tail=True`` returns ``(out, shortcut)`` before their
         add and the block's last ReLU, for a layer that applies both itself
-        (never checkpointed: the caller ensures ``with_cp`` is off)."""
+        (never checkpointed: the caller ensures ``with_cp`` is off); with
+        ``defer_last_norm=True`` ``out`` comes before :attr:`last_norm`
+        too, which that layer applies."""
 
         def _branches(x, identity):
             if identity is None:
                 identity = x if self.downsample is None else \
                     self.downsample(x)
             out = self.relu(self.norm1(self.conv1(x)))
-            out = self.norm2(self.conv2(out))
+            out = self.conv2(out)
+            if not defer_last_norm:
+                out = self.norm2(out)
             return out, identity
 
+        if defer_last_norm and not fuse_tail:
+            raise ValueError('defer_last_norm=True needs fuse_tail=True: '
+                             'the caller applies the last norm')
         if fuse_tail:
             return _branches(x, identity)
 
@@ -212,15 +222,24 @@ class Bottleneck(BaseModule):
     def last_norm(self) -> nn.Module:
         return self.norm3
 
+    @property
+    def defers_last_norm(self) -> bool:
+        """Whether ``forward`` can leave :attr:`last_norm` to the caller
+        (no after_conv3 plugins follow it)."""
+        return not self.plugin_names['after_conv3']
+
     def forward(self,
                 x: Tensor,
                 identity: Optional[Tensor] = None,
-                fuse_tail: bool = False):
+                fuse_tail: bool = False,
+                defer_last_norm: bool = False):
         """(B, C_in, H, W) -> (B, 4 planes, H', W'); ``identity``: the
         shortcut if the caller already computed it (default: downsample(x)
         or x); ``fuse_tail=True`` returns ``(out, shortcut)`` before their
         add and the block's last ReLU, for a layer that applies both itself
-        (never checkpointed: the caller ensures ``with_cp`` is off)."""
+        (never checkpointed: the caller ensures ``with_cp`` is off); with
+        ``defer_last_norm=True`` ``out`` comes before :attr:`last_norm`
+        too, which that layer applies (not with after_conv3 plugins)."""
 
         def _branches(x, identity):
             if identity is None:
@@ -230,10 +249,15 @@ class Bottleneck(BaseModule):
             out = self._plugins(out, 'after_conv1')
             out = self.relu(self.norm2(self.conv2(out)))
             out = self._plugins(out, 'after_conv2')
-            out = self.norm3(self.conv3(out))
-            out = self._plugins(out, 'after_conv3')
+            out = self.conv3(out)
+            if not defer_last_norm:
+                out = self._plugins(self.norm3(out), 'after_conv3')
             return out, identity
 
+        if defer_last_norm and not (fuse_tail and self.defers_last_norm):
+            raise ValueError(
+                'defer_last_norm=True needs fuse_tail=True and a block '
+                'without after_conv3 plugins (they run after the last norm)')
         if fuse_tail:
             return _branches(x, identity)
 

@@ -529,9 +529,14 @@ class ResNetKCLA(BaseModule):
                     identity = x if block.downsample is None else \
                         block.downsample(x)
                 if self._fuses_tail(attn):
-                    out, shortcut = block(x, identity, fuse_tail=True)
+                    # an eval BN the layer folds into its one-call op
+                    tail_norm = block.last_norm if block.defers_last_norm \
+                        and attn.folds_tail_norm(x, block.last_norm) else None
+                    out, shortcut = block(
+                        x, identity, fuse_tail=True,
+                        defer_last_norm=tail_norm is not None)
                     x, state = attn(out, state, relu_input=True,
-                                    shortcut=shortcut)
+                                    shortcut=shortcut, tail_norm=tail_norm)
                     continue
                 x = block(x, identity)
                 if attn is None:

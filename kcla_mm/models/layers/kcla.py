@@ -19,7 +19,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from kcla_mm.ops import kcla_state_update
 from kcla_mm.ops.kcla_branch import (StateTape, branch_supported,
-                                     kcla_branch, kcla_branch_inference,
+                                     foldable_bn, folded_bn, kcla_branch,
+                                     kcla_branch_inference,
+                                     kcla_layer_inference, layer_supported,
                                      relu_pool)
 from kcla_mm.ops.kcla_state import IMPLS
 from .eca import build_eca_conv, eca_project, eca_project_pair
@@ -147,9 +149,57 @@ class KCLAStateAdapter(BaseModule):
                               align_corners=False)
         if self.conv is not None:
             a = grouped_pointwise(a.to(self.conv.weight.dtype), self.conv)
-        a = getattr(self, self.norm_name)(a).to(state.u.dtype)
+        a = self.norm(a).to(state.u.dtype)
         key = eca_project(self.k_conv, a.mean((2, 3)), num_heads)
         return a, key
+
+    def folds(self) -> bool:
+        """Whether :meth:`folded_state` applies: no grad, an eval-mode
+        BatchNorm2d, no resize."""
+        return (not torch.is_grad_enabled() and not self.resize
+                and foldable_bn(self.norm))
+
+    def folded_state(self, state: KCLAState, num_heads: int,
+                     norm_d: Tensor) -> Tuple[Tensor, Tensor]:
+        """(U, Z) = (z A', z) of Algorithm 1 with z = layer_weights(k_u),
+        in inference (:meth:`folds`), as one batched matmul per call: GAP
+        commutes with the 1x1 conv and the eval BN, so k_u comes from
+        GAP(U / Z), and 1 / Z, BN and z fold into per-sample conv weights.
+
+        Returns:
+            tuple[Tensor, Tensor]: U (B, C, H, W) and Z (B, G).
+        """
+        s = self.stride
+        u = state.u[:, :, ::s, ::s]
+        b, c_in, h, w = u.shape
+        g, g_in = num_heads, state.z.shape[1]
+        dtype = u.dtype
+        _, scale, shift = folded_bn(self.norm, self.norm.running_mean,
+                                    self.norm.running_var, dtype)
+        inv_z = (1 / state.z).repeat_interleave(c_in // g_in, 1)  # (B, C')
+        if self.conv is None:  # per channel: U' = z (scale U / Z + shift)
+            pooled = scale * u.mean((2, 3)) * inv_z + shift
+            z = layer_weights(eca_project(self.k_conv, pooled, g), norm_d)
+            z_c = z.repeat_interleave(c_in // g, 1)
+            return torch.addcmul((z_c * shift)[:, :, None, None], u,
+                                 (z_c * scale * inv_z)[:, :, None, None]), z
+        # grouped 1x1 conv: (G, C / G, C' / G) weights, per sample
+        weight = self.conv.weight.to(dtype).view(g, -1, c_in // g) * \
+            scale.view(g, -1, 1)
+        u = u.reshape(b, g, c_in // g, h * w)
+        inv_z = inv_z.view(b, g, 1, -1)
+        pooled = (weight @ (u.mean(-1, keepdim=True) * inv_z.transpose(
+            2, 3))).view(b, -1) + shift
+        z = layer_weights(eca_project(self.k_conv, pooled, g), norm_d)
+        z_g = z.view(b, g, 1, 1)
+        out = torch.baddbmm((z_g * shift.view(1, g, -1, 1)).view(
+            b * g, -1, 1), (z_g * weight * inv_z).view(b * g, -1, c_in // g),
+            u.view(b * g, c_in // g, h * w))
+        return out.view(b, -1, h, w), z
+
+    @property
+    def norm(self) -> nn.Module:
+        return getattr(self, self.norm_name)
 
 
 class KCLALayer(BaseModule):
@@ -340,8 +390,15 @@ class KCLALayer(BaseModule):
         With gradients on, the adapter is recomputed in backward instead of
         keeping its maps (A', the conv and BN outputs): only the incoming
         state is kept, which the previous layer keeps anyway. The recompute
-        leaves the running BN statistics alone.
+        leaves the running BN statistics alone. In inference the adapter
+        folds into one batched matmul (:meth:`KCLAStateAdapter.folded_state`).
         """
+        if self.adapter.folds():
+            u, z = self.adapter.folded_state(state, self.num_heads,
+                                             self.norm_d)
+            spatial_check(u.shape[2:], size, type(self).__name__,
+                          'check the stage stride (state_stride)')
+            return u, z
         calls = []
 
         def adapt(u: Tensor, z: Tensor) -> Tuple[Tensor, Tensor]:
@@ -369,6 +426,33 @@ class KCLALayer(BaseModule):
         return (self.impl != 'torch' and not torch.jit.is_tracing()
                 and x.dtype in (torch.float32, torch.float64)
                 and branch_supported(x, self.norm))
+
+    def folds_tail_norm(self, x: Tensor,
+                        tail_norm: Optional[nn.Module] = None) -> bool:
+        """Whether a no-grad call with ``relu_input=True`` on ``x`` (or a
+        tensor of its dtype and device) runs the whole layer as one
+        :func:`kcla_layer_inference` call, folding ``tail_norm`` (None:
+        nothing to fold) into it: eval-mode BatchNorms, no grad, a device
+        the extension's layer op supports."""
+        return (not torch.is_grad_enabled() and self._use_fused_branch(x)
+                and foldable_bn(self.norm) and layer_supported(x)
+                and (tail_norm is None or foldable_bn(tail_norm)))
+
+    def _layer_inference(self, x: Tensor, state: Optional[KCLAState],
+                         shortcut: Optional[Tensor],
+                         tail_norm: Optional[nn.Module], dtype: torch.dtype
+                         ) -> Tuple[Tensor, KCLAState]:
+        """The whole layer through ``kcla_mm._ext`` in one call (see
+        :meth:`folds_tail_norm`); ``x`` and the incoming U are
+        overwritten."""
+        u, z = self._initial_state(x, state)
+        out, u, z = kcla_layer_inference(
+            x.to(dtype).contiguous(),
+            None if shortcut is None else shortcut.to(dtype).contiguous(), u,
+            z, self.q_conv.weight, self.k_conv.weight, self.norm_d,
+            self.gate.weight, self.v_conv.weight, self.norm, self.eps,
+            self.key_eps, MAX_LOG_WEIGHT, tail_norm)
+        return out.to(x.dtype), KCLAState(u, z)
 
     def _fused_branch(self, x: Tensor, u: Optional[Tensor], weight: Tensor,
                       z: Tensor, gate: Tensor,
@@ -406,7 +490,8 @@ class KCLALayer(BaseModule):
                 x: Tensor,
                 state: Optional[KCLAState] = None,
                 relu_input: bool = False,
-                shortcut: Optional[Tensor] = None
+                shortcut: Optional[Tensor] = None,
+                tail_norm: Optional[nn.Module] = None
                 ) -> Tuple[Tensor, KCLAState]:
         """Attend to the earlier layers and add the result to ``x``.
 
@@ -421,11 +506,20 @@ class KCLALayer(BaseModule):
             shortcut (Tensor, optional): the block's shortcut (B, C, H, W),
                 added to ``x`` before the ReLU; only with ``relu_input``.
                 Defaults to None.
+            tail_norm (nn.Module, optional): the block's last norm layer,
+                not yet applied to ``x``; only with ``relu_input``. Folded
+                into the one-call inference op where that runs (see
+                :meth:`folds_tail_norm`), else applied first. Defaults to
+                None.
 
         Returns:
             tuple[Tensor, KCLAState]: X + Y (B, C, H, W) and the new state.
         """
         check_feature(x, self.channels, type(self).__name__)
+        if tail_norm is not None and not relu_input:
+            raise ValueError(f'{type(self).__name__}: tail_norm is the '
+                             'block\'s last norm before its final ReLU; pass '
+                             'it with relu_input=True')
         if shortcut is not None:
             if not relu_input:
                 raise ValueError(f'{type(self).__name__}: shortcut is added '
@@ -444,8 +538,14 @@ class KCLALayer(BaseModule):
                                      enabled=False) \
             if torch.amp.is_autocast_available(x.device.type) else \
             contextlib.nullcontext()
+        folds = relu_input and self.folds_tail_norm(x, tail_norm)
+        if tail_norm is not None and not folds:
+            x = tail_norm(x)
         with no_autocast:
             dtype = state_dtype(x)
+            if folds:
+                return self._layer_inference(x, state, shortcut, tail_norm,
+                                             dtype)
             fused = self._use_fused_branch(x)
             if fused:
                 x_in = x.to(dtype).contiguous()

@@ -83,6 +83,26 @@ void kcla_branch_backward_impl(
     at::Tensor u_prev, at::Tensor bn_sums, at::Tensor head_sums,
     at::Tensor weight_sums, double eps);
 
+// A whole KCLALayer in inference (eval BN folded into scale, shift; keep =
+// 1), sample by sample:
+//   x = ReLU(tail_scale * s + tail_shift + residual)   (in place over s;
+//       the block's last BN as an affine and its shortcut, both optional)
+//   Q, K = Conv1d_q, Conv1d_k (GAP(x)) with the odd-length kernels
+//       q_kernel, k_kernel (k,), zero padding (k - 1) / 2, viewed (B, G, d)
+//   w = exp(min(|K_g| / norm_d_g, max_log_weight)); z_next = z + w (z
+//       undefined: w); gate = sigmoid(gate_weight @ rel), rel_g = <Q_g,
+//       K_g> / max(|K_g|, key_eps); norm_d (G,), gate_weight (G, G)
+//   then kcla_branch_forward: u_next (may alias u) and out over s.
+// w, z_next, gate: (B, G) outputs.
+void kcla_layer_inference_impl(
+    at::Tensor s, const at::Tensor residual, const at::Tensor tail_scale,
+    const at::Tensor tail_shift, const at::Tensor u, const at::Tensor z,
+    const at::Tensor q_kernel, const at::Tensor k_kernel,
+    const at::Tensor norm_d, const at::Tensor gate_weight,
+    const at::Tensor weight, const at::Tensor scale, const at::Tensor shift,
+    at::Tensor u_next, at::Tensor w, at::Tensor z_next, at::Tensor gate,
+    double eps, double key_eps, double max_log_weight);
+
 // The instruction set the CPU kernels run with: "avx2" or "base"
 // (pytorch/cpu/kcla_branch.cpp).
 std::string kcla_cpu_isa();
@@ -123,5 +143,14 @@ void kcla_branch_backward(
     const at::Tensor mean, at::Tensor grad_x, const OptTensor grad_u,
     const OptTensor u_prev, at::Tensor bn_sums, at::Tensor head_sums,
     at::Tensor weight_sums, double eps);
+
+void kcla_layer_inference(
+    at::Tensor s, const OptTensor residual, const OptTensor tail_scale,
+    const OptTensor tail_shift, const OptTensor u, const OptTensor z,
+    const at::Tensor q_kernel, const at::Tensor k_kernel,
+    const at::Tensor norm_d, const at::Tensor gate_weight,
+    const at::Tensor weight, const at::Tensor scale, const at::Tensor shift,
+    at::Tensor u_next, at::Tensor w, at::Tensor z_next, at::Tensor gate,
+    double eps, double key_eps, double max_log_weight);
 
 #endif  // KCLA_BRANCH_IMPL_HPP

@@ -68,6 +68,20 @@ void kcla_branch_backward_impl(
                        head_sums, weight_sums, eps);
 }
 
+void kcla_layer_inference_impl(
+    at::Tensor s, const at::Tensor residual, const at::Tensor tail_scale,
+    const at::Tensor tail_shift, const at::Tensor u, const at::Tensor z,
+    const at::Tensor q_kernel, const at::Tensor k_kernel,
+    const at::Tensor norm_d, const at::Tensor gate_weight,
+    const at::Tensor weight, const at::Tensor scale, const at::Tensor shift,
+    at::Tensor u_next, at::Tensor w, at::Tensor z_next, at::Tensor gate,
+    double eps, double key_eps, double max_log_weight) {
+  DISPATCH_DEVICE_IMPL(kcla_layer_inference_impl, s, residual, tail_scale,
+                       tail_shift, u, z, q_kernel, k_kernel, norm_d,
+                       gate_weight, weight, scale, shift, u_next, w, z_next,
+                       gate, eps, key_eps, max_log_weight);
+}
+
 namespace {
 
 at::Tensor optional_tensor(const OptTensor& t) {
@@ -211,4 +225,65 @@ void kcla_branch_backward(
                             weight, scale, shift, keep, mask, alpha, beta,
                             mean, grad_x, grad_u_t, u_prev_t, bn_sums,
                             head_sums, weight_sums, eps);
+}
+
+void kcla_layer_inference(
+    at::Tensor s, const OptTensor residual, const OptTensor tail_scale,
+    const OptTensor tail_shift, const OptTensor u, const OptTensor z,
+    const at::Tensor q_kernel, const at::Tensor k_kernel,
+    const at::Tensor norm_d, const at::Tensor gate_weight,
+    const at::Tensor weight, const at::Tensor scale, const at::Tensor shift,
+    at::Tensor u_next, at::Tensor w, at::Tensor z_next, at::Tensor gate,
+    double eps, double key_eps, double max_log_weight) {
+  const char* op = "kcla_layer_inference";
+  FeatureArgChecker ck(op, s, w, false, "s");
+  const at::Tensor residual_t = optional_tensor(residual);
+  const at::Tensor tail_scale_t = optional_tensor(tail_scale);
+  const at::Tensor tail_shift_t = optional_tensor(tail_shift);
+  const at::Tensor u_t = optional_tensor(u), z_t = optional_tensor(z);
+  ck.map(residual_t, "residual");
+  TORCH_CHECK(tail_scale_t.defined() == tail_shift_t.defined(), op,
+              ": `tail_scale` and `tail_shift` must be given together");
+  if (tail_scale_t.defined()) {
+    ck.channels(tail_scale_t, "tail_scale");
+    ck.channels(tail_shift_t, "tail_shift");
+  }
+  ck.map(u_t, "u");
+  if (z_t.defined()) ck.heads(z_t, "z");
+  TORCH_CHECK(u_t.defined() == z_t.defined(), op,
+              ": `u` and `z` must be given together (a state) or both be "
+              "None (the first layer)");
+  const int64_t G = w.size(1);
+  for (const auto& kernel : {std::make_pair(&q_kernel, "q_kernel"),
+                             std::make_pair(&k_kernel, "k_kernel")}) {
+    const at::Tensor& t = *kernel.first;
+    check_contiguous(t, op, kernel.second);
+    check_same_device_dtype(t, kernel.second, s, "s", op);
+    TORCH_CHECK(t.dim() == 1 && t.size(0) % 2 == 1 &&
+                    t.size(0) == q_kernel.size(0),
+                op, ": argument `", kernel.second,
+                "` must be 1-D of odd length, as long as `q_kernel` (",
+                q_kernel.sizes(), "), got ", t.sizes());
+  }
+  check_contiguous(norm_d, op, "norm_d");
+  check_same_device_dtype(norm_d, "norm_d", s, "s", op);
+  TORCH_CHECK(norm_d.dim() == 1 && norm_d.size(0) == G, op,
+              ": argument `norm_d` must be (G,) with G = ", G, ", got ",
+              norm_d.sizes());
+  check_contiguous(gate_weight, op, "gate_weight");
+  check_same_device_dtype(gate_weight, "gate_weight", s, "s", op);
+  TORCH_CHECK(gate_weight.dim() == 2 && gate_weight.size(0) == G &&
+                  gate_weight.size(1) == G,
+              op, ": argument `gate_weight` must be (G, G) with G = ", G,
+              ", got ", gate_weight.sizes());
+  ck.kernel(weight, "weight");
+  ck.channels(scale, "scale");
+  ck.channels(shift, "shift");
+  ck.map(u_next, "u_next");
+  ck.heads(z_next, "z_next");
+  ck.heads(gate, "gate");
+  kcla_layer_inference_impl(s, residual_t, tail_scale_t, tail_shift_t, u_t,
+                            z_t, q_kernel, k_kernel, norm_d, gate_weight,
+                            weight, scale, shift, u_next, w, z_next, gate,
+                            eps, key_eps, max_log_weight);
 }

@@ -9,8 +9,8 @@
 #include "pytorch_device_registry.hpp"
 
 // Device types ("cpu", "cuda") with a compiled implementation of every op
-// of a group: "state" (kcla_state_*) or "branch" (kcla_relu_pool_*,
-// kcla_branch_*).
+// of a group: "state" (kcla_state_*), "branch" (kcla_relu_pool_*,
+// kcla_branch_*) or "layer" (kcla_layer_inference).
 std::vector<std::string> device_types(const std::string& group) {
   std::vector<std::string> types;
   for (auto type : {at::kCPU, at::kCUDA}) {
@@ -29,9 +29,12 @@ std::vector<std::string> device_types(const std::string& group) {
           DEVICE_REGISTRY(kcla_branch_apply_impl).Find(type) != nullptr &&
           DEVICE_REGISTRY(kcla_branch_bn_sums_impl).Find(type) != nullptr &&
           DEVICE_REGISTRY(kcla_branch_backward_impl).Find(type) != nullptr;
+    } else if (group == "layer") {
+      has_all =
+          DEVICE_REGISTRY(kcla_layer_inference_impl).Find(type) != nullptr;
     } else {
       TORCH_CHECK(false, "device_types: unknown op group '", group,
-                  "', expected 'state' or 'branch'");
+                  "', expected 'state', 'branch' or 'layer'");
     }
     if (has_all) types.push_back(c10::DeviceTypeName(type, true));
   }
@@ -40,7 +43,8 @@ std::vector<std::string> device_types(const std::string& group) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("device_types", &device_types,
-        "device types implementing every op of a group ('state', 'branch')",
+        "device types implementing every op of a group ('state', 'branch', "
+        "'layer')",
         py::arg("group") = "state");
   m.def("kcla_state_forward", &kcla_state_forward,
         "u_next = u + w * x; agg = u_next / (z + eps)", py::arg("x"),
@@ -94,4 +98,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("mean"), py::arg("grad_x"), py::arg("grad_u"),
         py::arg("u_prev"), py::arg("bn_sums"), py::arg("head_sums"),
         py::arg("weight_sums"), py::arg("eps"));
+  m.def("kcla_layer_inference", &kcla_layer_inference,
+        "a whole KCLA layer in inference: ReLU(tail affine + residual) and "
+        "GAP, the heads, then the branch; out over s, u_next may alias u",
+        py::arg("s"), py::arg("residual"), py::arg("tail_scale"),
+        py::arg("tail_shift"), py::arg("u"), py::arg("z"),
+        py::arg("q_kernel"), py::arg("k_kernel"), py::arg("norm_d"),
+        py::arg("gate_weight"), py::arg("weight"), py::arg("scale"),
+        py::arg("shift"), py::arg("u_next"), py::arg("w"), py::arg("z_next"),
+        py::arg("gate"), py::arg("eps"), py::arg("key_eps"),
+        py::arg("max_log_weight"));
 }

@@ -45,3 +45,5 @@ REGISTER_DEVICE_IMPL(kcla_branch_bn_sums_impl, CPU,
                      cpu_kernels().branch_bn_sums);
 REGISTER_DEVICE_IMPL(kcla_branch_backward_impl, CPU,
                      cpu_kernels().branch_backward);
+REGISTER_DEVICE_IMPL(kcla_layer_inference_impl, CPU,
+                     cpu_kernels().layer_inference);

@@ -12,6 +12,7 @@ struct BranchKernels {
   decltype(&kcla_branch_apply_impl) branch_apply;
   decltype(&kcla_branch_bn_sums_impl) branch_bn_sums;
   decltype(&kcla_branch_backward_impl) branch_backward;
+  decltype(&kcla_layer_inference_impl) layer_inference;
 };
 
 #if defined(__GNUC__) && defined(__x86_64__)

@@ -17,6 +17,7 @@
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -218,42 +219,66 @@ struct Scratch {
   explicit Scratch(const Dims& dm) : agg(dm.H, dm.W), conv(dm.HW), on(dm.HW) {}
 };
 
+// ReLU(sc * v + sh + res) over one plane of n values, in place, with its
+// byte mask; returns the plane's sum. One copy per operand set, so that
+// every loop is alias-free.
+template <typename T, bool Residual, bool Affine>
+inline T relu_pool_plane(T* __restrict__ v, const T* __restrict__ res, T sc,
+                         T sh, uint8_t* __restrict__ o, int64_t n) {
+  T sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    T a = v[i];
+    if (Affine) a = sc * a + sh;
+    if (Residual) a += res[i];
+    const T r = std::max(a, T(0));
+    v[i] = r;
+    sum += r;
+    o[i] = r > T(0);
+  }
+  return sum;
+}
+
+// relu_pool over planes [begin, end) of s (B, C, H, W): in place, with the
+// residual and a per-channel affine (scale, shift) before the ReLU where
+// given; the mean of each plane into pooled[p], its bit mask into mask.
+template <typename T>
+void relu_pool_planes(T* ps, const T* pr, const T* pscale, const T* pshift,
+                      uint8_t* pmask, T* pp, int64_t C, int64_t hw,
+                      int64_t begin, int64_t end) {
+  const int64_t bytes = (hw + 7) / 8;
+  std::vector<uint8_t> on(hw);
+  for (int64_t p = begin; p < end; ++p) {
+    T* v = ps + p * hw;
+    const T* res = pr != nullptr ? pr + p * hw : nullptr;
+    T sum;
+    if (pscale != nullptr) {
+      const T sc = pscale[p % C], sh = pshift[p % C];
+      sum = res != nullptr
+                ? relu_pool_plane<T, true, true>(v, res, sc, sh, on.data(), hw)
+                : relu_pool_plane<T, false, true>(v, res, sc, sh, on.data(),
+                                                  hw);
+    } else {
+      sum = res != nullptr ? relu_pool_plane<T, true, false>(
+                                 v, res, T(1), T(0), on.data(), hw)
+                           : relu_pool_plane<T, false, false>(
+                                 v, res, T(1), T(0), on.data(), hw);
+    }
+    if (pmask != nullptr) pack_bits(on.data(), hw, pmask + p * bytes);
+    pp[p] = sum / T(hw);
+  }
+}
+
 template <typename T>
 void relu_pool_forward(at::Tensor& s, const at::Tensor& residual,
                        at::Tensor& mask, at::Tensor& pooled) {
-  const int64_t planes = s.size(0) * s.size(1);
-  const int64_t hw = s.size(2) * s.size(3), bytes = (hw + 7) / 8;
+  const int64_t C = s.size(1), hw = s.size(2) * s.size(3);
   T* ps = s.data_ptr<T>();
   const T* pr = data_ptr_or_null<T>(residual);
   uint8_t* pmask = data_ptr_or_null<uint8_t>(mask);
   T* pp = pooled.data_ptr<T>();
-  at::parallel_for(0, planes, 1, [&, hw](int64_t begin, int64_t end) {
-    // loop bounds in locals: the byte stores below may alias captured ones
-    const int64_t n_hw = hw;
-    std::vector<uint8_t> on(n_hw);
-    for (int64_t p = begin; p < end; ++p) {
-      T* __restrict__ v = ps + p * n_hw;
-      uint8_t* __restrict__ o = on.data();
-      T sum = 0;
-      if (pr != nullptr) {
-        const T* __restrict__ res = pr + p * n_hw;
-        for (int64_t i = 0; i < n_hw; ++i) {
-          const T r = std::max(v[i] + res[i], T(0));
-          v[i] = r;
-          sum += r;
-          o[i] = r > T(0);
-        }
-      } else {
-        for (int64_t i = 0; i < n_hw; ++i) {
-          const T r = std::max(v[i], T(0));
-          v[i] = r;
-          sum += r;
-          o[i] = r > T(0);
-        }
-      }
-      if (pmask != nullptr) pack_bits(o, n_hw, pmask + p * bytes);
-      pp[p] = sum / T(n_hw);
-    }
+  at::parallel_for(0, s.size(0) * C, 1, [&](int64_t begin, int64_t end) {
+    relu_pool_planes<T>(ps, pr, nullptr, nullptr, pmask, pp, C, hw, begin,
+                        end);
   });
 }
 
@@ -309,7 +334,62 @@ void branch_stats(const at::Tensor& x, const at::Tensor& u, const at::Tensor& w,
   });
 }
 
-// forward (Update = true: from x and u) or apply (from u_next).
+// The operands of branch_forward (optional ones null).
+template <typename T>
+struct ForwardOperands {
+  const T *x, *u, *w, *z, *gate, *weight, *scale, *shift, *keep;
+  T *u_next, *out;
+  uint8_t* mask;
+  T eps;
+};
+
+// branch_forward over planes [begin, end): Update = true from x and u, else
+// (apply) from u_next.
+template <typename T, bool Update>
+void forward_planes(const Dims& dm, const ForwardOperands<T>& a,
+                    int64_t begin, int64_t end) {
+  // operands in locals: the byte stores below may alias `a` and `dm`
+  const T *px = a.x, *pu = a.u, *pw = a.w, *pz = a.z, *pg = a.gate;
+  const T *pk = a.weight, *ps = a.scale, *pb = a.shift, *pkeep = a.keep;
+  T *pun = a.u_next, *pout = a.out;
+  uint8_t* pmask = a.mask;
+  const T eps = a.eps;
+  const int64_t hw = dm.HW, C = dm.C, bytes = dm.bytes;
+  Scratch<T> s(dm);
+  for (int64_t p = begin; p < end; ++p) {
+    const int64_t c = p % C, n = dm.head(p), off = p * hw;
+    const T inv = T(1) / (pz[n] + eps);
+    if (Update) {
+      update_plane<T>(px + off, pu ? pu + off : nullptr, pun + off, s.agg,
+                      pw[n], inv);
+    } else {
+      load_plane<T>(pun + off, s.agg, inv);
+    }
+    conv3x3<T>(s.agg, pk + c * 9);
+    // y = scale * gate * conv + shift; out = x + keep * ReLU(y)
+    compact_output<T>(s.agg, s.conv.data(), ps[c] * pg[n]);
+    const T sh = pb[c], kp = pkeep ? pkeep[p / C] : T(1);
+    const T* __restrict__ y = s.conv.data();
+    uint8_t* __restrict__ on = s.on.data();
+    T* __restrict__ op = pout + off;
+    if (pout == px) {  // out over x, in place
+      for (int64_t i = 0; i < hw; ++i) {
+        const T v = y[i] + sh;
+        op[i] += kp * std::max(v, T(0));
+        on[i] = v > T(0);
+      }
+    } else {
+      const T* __restrict__ xp = px + off;
+      for (int64_t i = 0; i < hw; ++i) {
+        const T v = y[i] + sh;
+        op[i] = xp[i] + kp * std::max(v, T(0));
+        on[i] = v > T(0);
+      }
+    }
+    if (pmask != nullptr) pack_bits(on, hw, pmask + p * bytes);
+  }
+}
+
 template <typename T, bool Update>
 void branch_forward(const at::Tensor& x, const at::Tensor& u,
                     const at::Tensor& w, const at::Tensor& z,
@@ -318,49 +398,109 @@ void branch_forward(const at::Tensor& x, const at::Tensor& u,
                     const at::Tensor& keep, at::Tensor& u_next,
                     at::Tensor& out, at::Tensor& mask, double eps) {
   const Dims dm(x, z.size(1));
-  const T *px = x.data_ptr<T>(), *pu = data_ptr_or_null<T>(u);
-  const T *pw = data_ptr_or_null<T>(w), *pz = z.data_ptr<T>();
-  const T *pg = gate.data_ptr<T>(), *pk = weight.data_ptr<T>();
-  const T *ps = scale.data_ptr<T>(), *pb = shift.data_ptr<T>();
-  const T* pkeep = data_ptr_or_null<T>(keep);
-  T *pun = u_next.data_ptr<T>(), *pout = out.data_ptr<T>();
-  uint8_t* pmask = data_ptr_or_null<uint8_t>(mask);
+  const ForwardOperands<T> a{
+      x.data_ptr<T>(),         data_ptr_or_null<T>(u),
+      data_ptr_or_null<T>(w),  z.data_ptr<T>(),
+      gate.data_ptr<T>(),      weight.data_ptr<T>(),
+      scale.data_ptr<T>(),     shift.data_ptr<T>(),
+      data_ptr_or_null<T>(keep), u_next.data_ptr<T>(),
+      out.data_ptr<T>(),       data_ptr_or_null<uint8_t>(mask),
+      T(eps)};
   at::parallel_for(0, dm.B * dm.C, 1, [&](int64_t begin, int64_t end) {
-    Scratch<T> s(dm);
-    const int64_t hw = dm.HW;  // a local: byte stores may alias dm
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t c = p % dm.C, n = dm.head(p), off = p * hw;
-      const T inv = T(1) / (pz[n] + T(eps));
-      if (Update) {
-        update_plane<T>(px + off, pu ? pu + off : nullptr, pun + off, s.agg,
-                        pw[n], inv);
-      } else {
-        load_plane<T>(pun + off, s.agg, inv);
-      }
-      conv3x3<T>(s.agg, pk + c * 9);
-      // y = scale * gate * conv + shift; out = x + keep * ReLU(y)
-      compact_output<T>(s.agg, s.conv.data(), ps[c] * pg[n]);
-      const T sh = pb[c], kp = pkeep ? pkeep[p / dm.C] : T(1);
-      const T* __restrict__ y = s.conv.data();
-      uint8_t* __restrict__ on = s.on.data();
-      T* __restrict__ op = pout + off;
-      if (pout == px) {  // out over x, in place
-        for (int64_t i = 0; i < hw; ++i) {
-          const T v = y[i] + sh;
-          op[i] += kp * std::max(v, T(0));
-          on[i] = v > T(0);
-        }
-      } else {
-        const T* __restrict__ xp = px + off;
-        for (int64_t i = 0; i < hw; ++i) {
-          const T v = y[i] + sh;
-          op[i] = xp[i] + kp * std::max(v, T(0));
-          on[i] = v > T(0);
-        }
-      }
-      if (pmask != nullptr) pack_bits(on, hw, pmask + p * dm.bytes);
-    }
+    forward_planes<T, Update>(dm, a, begin, end);
   });
+}
+
+// KCLALayer's per-head scalars for one sample (spec section 2, steps 1-3)
+// from its pooled features (C,): the ECA query and key (zero-padded
+// cross-correlations with kq, kk of odd length k), w = exp(min(|K_g| /
+// norm_d_g, max_log)), z_next = z + w (z null: w), gate = sigmoid(gate_w @
+// rel), rel_g = <Q_g, K_g> / max(|K_g|, key_eps); all (G,). In double.
+template <typename T>
+void sample_heads(const T* pooled, int64_t C, int64_t G, const T* kq,
+                  const T* kk, int64_t k, const T* norm_d, const T* gate_w,
+                  const T* z, double key_eps, double max_log, T* w,
+                  T* z_next, T* gate) {
+  const int64_t pad = (k - 1) / 2, d = C / G;
+  std::vector<double> rel(G);
+  for (int64_t g = 0; g < G; ++g) {
+    double k2 = 0, qk = 0;
+    for (int64_t c = g * d; c < (g + 1) * d; ++c) {
+      double q = 0, kv = 0;
+      const int64_t t0 = std::max<int64_t>(0, pad - c);
+      const int64_t t1 = std::min<int64_t>(k, C + pad - c);
+      for (int64_t t = t0; t < t1; ++t) {
+        const double v = pooled[c + t - pad];
+        q += double(kq[t]) * v;
+        kv += double(kk[t]) * v;
+      }
+      k2 += kv * kv;
+      qk += q * kv;
+    }
+    const double norm = std::sqrt(k2);
+    const double wv = std::exp(std::min(norm / double(norm_d[g]), max_log));
+    w[g] = T(wv);
+    z_next[g] = z != nullptr ? T(double(z[g]) + wv) : T(wv);
+    rel[g] = qk / std::max(norm, key_eps);
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    double a = 0;
+    for (int64_t h = 0; h < G; ++h) a += double(gate_w[g * G + h]) * rel[h];
+    gate[g] = T(1.0 / (1.0 + std::exp(-a)));
+  }
+}
+
+// A whole KCLALayer in inference, one sample at a time (its maps are still
+// in cache when the branch reads them): relu_pool with the block's tail
+// affine, the heads, then branch_forward (keep = 1).
+template <typename T>
+void layer_inference(at::Tensor& s, const at::Tensor& residual,
+                     const at::Tensor& tail_scale,
+                     const at::Tensor& tail_shift, const at::Tensor& u,
+                     const at::Tensor& z, const at::Tensor& q_kernel,
+                     const at::Tensor& k_kernel, const at::Tensor& norm_d,
+                     const at::Tensor& gate_weight, const at::Tensor& weight,
+                     const at::Tensor& scale, const at::Tensor& shift,
+                     at::Tensor& u_next, at::Tensor& w, at::Tensor& z_next,
+                     at::Tensor& gate, double eps, double key_eps,
+                     double max_log_weight) {
+  const Dims dm(s, w.size(1));
+  const int64_t C = dm.C, G = dm.G;
+  T* ps = s.data_ptr<T>();
+  const T* pr = data_ptr_or_null<T>(residual);
+  const T* ptsc = data_ptr_or_null<T>(tail_scale);
+  const T* ptsh = data_ptr_or_null<T>(tail_shift);
+  const T* pz = data_ptr_or_null<T>(z);
+  T *pw = w.data_ptr<T>(), *pzn = z_next.data_ptr<T>();
+  T* pg = gate.data_ptr<T>();
+  const ForwardOperands<T> a{ps,
+                             data_ptr_or_null<T>(u),
+                             pw,
+                             pzn,
+                             pg,
+                             weight.data_ptr<T>(),
+                             scale.data_ptr<T>(),
+                             shift.data_ptr<T>(),
+                             nullptr,
+                             u_next.data_ptr<T>(),
+                             ps,
+                             nullptr,
+                             T(eps)};
+  std::vector<T> pooled(dm.B * C);
+  for (int64_t b = 0; b < dm.B; ++b) {
+    at::parallel_for(b * C, (b + 1) * C, 1, [&](int64_t begin, int64_t end) {
+      relu_pool_planes<T>(ps, pr, ptsc, ptsh, nullptr, pooled.data(), C,
+                          dm.HW, begin, end);
+    });
+    sample_heads<T>(pooled.data() + b * C, C, G, q_kernel.data_ptr<T>(),
+                    k_kernel.data_ptr<T>(), q_kernel.size(0),
+                    norm_d.data_ptr<T>(), gate_weight.data_ptr<T>(),
+                    pz ? pz + b * G : nullptr, key_eps, max_log_weight,
+                    pw + b * G, pzn + b * G, pg + b * G);
+    at::parallel_for(b * C, (b + 1) * C, 1, [&](int64_t begin, int64_t end) {
+      forward_planes<T, true>(dm, a, begin, end);
+    });
+  }
 }
 
 template <typename T>
@@ -583,12 +723,28 @@ void branch_backward_cpu(
                         weight_sums, eps));
 }
 
+void layer_inference_cpu(
+    at::Tensor s, const at::Tensor residual, const at::Tensor tail_scale,
+    const at::Tensor tail_shift, const at::Tensor u, const at::Tensor z,
+    const at::Tensor q_kernel, const at::Tensor k_kernel,
+    const at::Tensor norm_d, const at::Tensor gate_weight,
+    const at::Tensor weight, const at::Tensor scale, const at::Tensor shift,
+    at::Tensor u_next, at::Tensor w, at::Tensor z_next, at::Tensor gate,
+    double eps, double key_eps, double max_log_weight) {
+  KCLA_DISPATCH_CPU(s.scalar_type(), "kcla_layer_inference_cpu",
+                    layer_inference<scalar_t>(
+                        s, residual, tail_scale, tail_shift, u, z, q_kernel,
+                        k_kernel, norm_d, gate_weight, weight, scale, shift,
+                        u_next, w, z_next, gate, eps, key_eps,
+                        max_log_weight));
+}
+
 #undef KCLA_DISPATCH_CPU
 
 inline BranchKernels kernels() {
   return {relu_pool_forward_cpu, relu_pool_backward_cpu, branch_stats_cpu,
           branch_forward_cpu,    branch_apply_cpu,       branch_bn_sums_cpu,
-          branch_backward_cpu};
+          branch_backward_cpu,   layer_inference_cpu};
 }
 
 }  // namespace KCLA_CPU_NS
