@@ -143,7 +143,7 @@ class ReLUPoolFunction(Function):
         return grad_s, grad_s if ctx.has_residual else None
 
 
-def _update_running_stats(norm: nn.BatchNorm2d, mean: Tensor, var: Tensor,
+def update_running_stats(norm: nn.BatchNorm2d, mean: Tensor, var: Tensor,
                           n: int) -> None:
     """nn.BatchNorm2d's running-statistics update from batch ``mean`` and
     biased ``var`` over ``n`` values per channel."""
@@ -199,7 +199,7 @@ class KCLABranchFunction(Function):
             stats = x.new_empty((b, c, 2))
             ext.kcla_branch_stats(x, u, w, z, gate, weight, u_next, stats, eps)
             mean, var = _combine_plane_stats(stats, h * w_)
-            _update_running_stats(norm, mean, var, b * h * w_)
+            update_running_stats(norm, mean, var, b * h * w_)
             invstd, scale, shift = folded_bn(norm, mean, var, x.dtype)
             ext.kcla_branch_apply(x, u_next, z, gate, weight, scale, shift,
                                   keep, out, mask, eps)

@@ -1,4 +1,5 @@
 """KCLALayer against a deliberately naive implementation of the spec."""
+import copy
 import math
 
 import pytest
@@ -54,15 +55,20 @@ def random_bn(channels, seed, dtype=torch.float32):
     return bn.to(dtype).eval()
 
 
+@pytest.mark.parametrize('fold_adapters', [True, False])
 @pytest.mark.parametrize('grad', [False, True])
 @pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
 @pytest.mark.parametrize('impl', ['torch', 'fused'])
-def test_block_tail_inputs_equal_naive_spec(impl, dtype, grad):
+def test_block_tail_inputs_equal_naive_spec(impl, dtype, grad, fold_adapters,
+                                            monkeypatch):
     """The backbone's call: the block's branch before its last norm, the
     shortcut and that norm (relu_input, shortcut, tail_norm), in eval mode,
     against the naive spec on X = ReLU(norm(s) + r). Without grad the fused
-    layer runs as one kcla_layer_inference call and the adapters fold into
-    one matmul; with grad, neither folds."""
+    layer runs as one kcla_layer_inference call; the adapters run folded
+    into one matmul (their BN is a plain BatchNorm2d) or, forced, the
+    generic way (conv, BN, GAP in turn)."""
+    if not fold_adapters:
+        monkeypatch.setattr(kcla.KCLAStateAdapter, 'folds', lambda self: False)
     torch.manual_seed(0)
     layers = [layer.to(dtype) for layer in make_chain(impl)]
     shapes = [(2, 16, 8, 6)] * 2 + [(2, 32, 4, 3)] * 4
@@ -76,7 +82,7 @@ def test_block_tail_inputs_equal_naive_spec(impl, dtype, grad):
             folds = impl == 'fused' and not grad
             assert layer.folds_tail_norm(ss[i], norms[i]) == folds
             if layer.adapter is not None:
-                assert layer.adapter.folds() == (not grad)
+                assert layer.adapter.folds() == fold_adapters
             s = ss[i].clone()
             out, state = layer(s, state, relu_input=True, shortcut=rs[i],
                                tail_norm=norms[i])
@@ -89,6 +95,38 @@ def test_block_tail_inputs_equal_naive_spec(impl, dtype, grad):
     tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else {}
     for t, (a, b) in enumerate(zip(outs, expected)):
         torch.testing.assert_close(a, b, msg=f'layer {t}', **tol)
+
+
+@pytest.mark.parametrize('training', [True, False])
+@pytest.mark.parametrize('c_in,stride', [(16, 2), (32, 1)])
+def test_folded_adapter_matches_generic_values_grads_running_stats(
+        c_in, stride, training, monkeypatch):
+    """KCLAStateAdapter.folded_state (one matmul; with c_in = C and stride
+    1 there is no conv) against the generic composition (U / Z, conv, BN,
+    GAP, key, weights) in float64: U', Z', their gradients w.r.t. the
+    incoming state and every parameter, and BN's running statistics."""
+    torch.manual_seed(0)
+    layer = randomise(KCLALayer(32, head_dim=8, state_in_channels=c_in,
+                                state_stride=stride), 3).double()
+    layer.train(training)
+    generic = copy.deepcopy(layer)
+    u = (torch.rand(3, c_in, 8, 6, dtype=torch.float64) * 3).requires_grad_()
+    z = (torch.rand(3, c_in // 8, dtype=torch.float64) + 1).requires_grad_()
+    size = (8 // stride, 6 // stride)
+    seeds = [torch.randn(3, 32, *size, dtype=torch.float64),
+             torch.randn(3, 4, dtype=torch.float64)]
+    results = []
+    for model, fold in ((layer, True), (generic, False)):
+        with monkeypatch.context() as m:
+            if not fold:
+                m.setattr(kcla.KCLAStateAdapter, 'folds', lambda self: False)
+            assert model.adapter.folds() == fold
+            outs = model._adapted_state(KCLAState(u, z), size)
+        params = list(model.adapter.parameters())
+        grads = torch.autograd.grad(outs, [u, z] + params, seeds)
+        results.append(list(outs) + list(grads) + list(model.adapter.buffers()))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b)
 
 
 def test_tail_norm_folds_only_in_no_grad_eval():

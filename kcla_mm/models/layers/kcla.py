@@ -19,10 +19,10 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from kcla_mm.ops import kcla_state_update
 from kcla_mm.ops.kcla_branch import (StateTape, branch_supported,
-                                     foldable_bn, folded_bn, kcla_branch,
+                                     foldable_bn, kcla_branch,
                                      kcla_branch_inference,
                                      kcla_layer_inference, layer_supported,
-                                     relu_pool)
+                                     relu_pool, update_running_stats)
 from kcla_mm.ops.kcla_state import IMPLS
 from .eca import build_eca_conv, eca_project, eca_project_pair
 from .state import KCLAState
@@ -154,17 +154,26 @@ class KCLAStateAdapter(BaseModule):
         return a, key
 
     def folds(self) -> bool:
-        """Whether :meth:`folded_state` applies: no grad, an eval-mode
-        BatchNorm2d, no resize."""
-        return (not torch.is_grad_enabled() and not self.resize
-                and foldable_bn(self.norm))
+        """Whether :meth:`folded_state` applies: a BatchNorm2d with affine
+        parameters (batch or running statistics), no resize; not while
+        torch.jit traces (FLOP counts and exports see the spec's ops)."""
+        norm = self.norm
+        return (not self.resize and type(norm) is nn.BatchNorm2d
+                and norm.affine and not torch.jit.is_tracing())
 
     def folded_state(self, state: KCLAState, num_heads: int,
                      norm_d: Tensor) -> Tuple[Tensor, Tensor]:
-        """(U, Z) = (z A', z) of Algorithm 1 with z = layer_weights(k_u),
-        in inference (:meth:`folds`), as one batched matmul per call: GAP
-        commutes with the 1x1 conv and the eval BN, so k_u comes from
-        GAP(U / Z), and 1 / Z, BN and z fold into per-sample conv weights.
+        """(U, Z) = (z A', z) of Algorithm 1, z = layer_weights(k_u), as one
+        batched matmul (:meth:`folds`; differentiable, updates BN's running
+        statistics in training like ``nn.BatchNorm2d``).
+
+        With Y = Conv1x1(U / Z) (U at the conv's stride) and Uc = U - GAP(U)
+        per sample and channel: GAP(Y) = W_b GAP(U) with W_b the conv
+        weights over Z per sample; BN's batch variance is the mean of the
+        per-sample variances W_b Cov(Uc) W_b^T plus the variance of GAP(Y)
+        over the batch; GAP(A') = k (GAP(Y) - mean) + beta (k = gamma /
+        std) gives k_u; then U' = (z k W_b) Uc + z GAP(A'). Only Uc (the
+        strided state, centred) is kept for backward.
 
         Returns:
             tuple[Tensor, Tensor]: U (B, C, H, W) and Z (B, G).
@@ -173,28 +182,42 @@ class KCLAStateAdapter(BaseModule):
         u = state.u[:, :, ::s, ::s]
         b, c_in, h, w = u.shape
         g, g_in = num_heads, state.z.shape[1]
-        dtype = u.dtype
-        _, scale, shift = folded_bn(self.norm, self.norm.running_mean,
-                                    self.norm.running_var, dtype)
-        inv_z = (1 / state.z).repeat_interleave(c_in // g_in, 1)  # (B, C')
-        if self.conv is None:  # per channel: U' = z (scale U / Z + shift)
-            pooled = scale * u.mean((2, 3)) * inv_z + shift
-            z = layer_weights(eca_project(self.k_conv, pooled, g), norm_d)
-            z_c = z.repeat_interleave(c_in // g, 1)
-            return torch.addcmul((z_c * shift)[:, :, None, None], u,
-                                 (z_c * scale * inv_z)[:, :, None, None]), z
-        # grouped 1x1 conv: (G, C / G, C' / G) weights, per sample
-        weight = self.conv.weight.to(dtype).view(g, -1, c_in // g) * \
-            scale.view(g, -1, 1)
+        norm = self.norm
+        if self.conv is not None:  # grouped: (G, C / G, C' / G)
+            weight = self.conv.weight.to(u.dtype).view(g, -1, c_in // g)
+        else:
+            weight = torch.eye(c_in // g, dtype=u.dtype,
+                               device=u.device).expand(g, -1, -1)
         u = u.reshape(b, g, c_in // g, h * w)
-        inv_z = inv_z.view(b, g, 1, -1)
-        pooled = (weight @ (u.mean(-1, keepdim=True) * inv_z.transpose(
-            2, 3))).view(b, -1) + shift
-        z = layer_weights(eca_project(self.k_conv, pooled, g), norm_d)
-        z_g = z.view(b, g, 1, 1)
-        out = torch.baddbmm((z_g * shift.view(1, g, -1, 1)).view(
-            b * g, -1, 1), (z_g * weight * inv_z).view(b * g, -1, c_in // g),
-            u.view(b * g, c_in // g, h * w))
+        u_mean = u.mean(-1, keepdim=True)
+        u_c = u - u_mean
+        inv_z = (1 / state.z).repeat_interleave(c_in // g_in, 1)
+        w_b = weight * inv_z.view(b, g, 1, -1)  # (B, G, C / G, C' / G)
+        y_mean = (w_b @ u_mean).squeeze(-1)  # GAP(Y), (B, G, C / G)
+        if norm.training or norm.running_mean is None:
+            if b * h * w == 1:  # as nn.BatchNorm2d raises
+                raise ValueError(
+                    'Expected more than 1 value per channel when training, '
+                    f'got input size {(b, g * weight.shape[1], h, w)} '
+                    '(KCLAStateAdapter: its BatchNorm uses batch statistics)')
+            cov = u_c @ u_c.transpose(2, 3) / (h * w)
+            mean = y_mean.mean(0)
+            var = ((w_b @ cov) * w_b).sum(-1).mean(0) + \
+                (y_mean - mean).square().mean(0)
+            update_running_stats(norm, mean.detach().view(-1),
+                                 var.detach().view(-1), b * h * w)
+        else:
+            mean = norm.running_mean.view(g, -1)
+            var = norm.running_var.view(g, -1)
+        k = norm.weight.view(g, -1) * torch.rsqrt(var + norm.eps)
+        pooled = k * (y_mean - mean) + norm.bias.view(g, -1)  # GAP(A')
+        z = layer_weights(eca_project(self.k_conv, pooled.view(b, -1), g),
+                          norm_d)
+        z_g = z.view(b, g, 1)
+        out = torch.baddbmm((z_g * pooled).view(b * g, -1, 1),
+                            ((z_g * k).unsqueeze(-1) * w_b).view(
+                                b * g, -1, c_in // g),
+                            u_c.view(b * g, c_in // g, h * w))
         return out.view(b, -1, h, w), z
 
     @property
@@ -390,8 +413,10 @@ class KCLALayer(BaseModule):
         With gradients on, the adapter is recomputed in backward instead of
         keeping its maps (A', the conv and BN outputs): only the incoming
         state is kept, which the previous layer keeps anyway. The recompute
-        leaves the running BN statistics alone. In inference the adapter
-        folds into one batched matmul (:meth:`KCLAStateAdapter.folded_state`).
+        leaves the running BN statistics alone. With a plain BatchNorm2d
+        the adapter instead folds into one batched matmul
+        (:meth:`KCLAStateAdapter.folded_state`), keeping only the strided
+        state.
         """
         if self.adapter.folds():
             u, z = self.adapter.folded_state(state, self.num_heads,
