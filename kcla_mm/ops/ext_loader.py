@@ -14,7 +14,8 @@ EXT_FUNCS = ('device_types', 'kcla_state_forward', 'kcla_state_backward',
              'kcla_relu_pool_forward', 'kcla_relu_pool_backward',
              'kcla_branch_stats', 'kcla_branch_forward', 'kcla_branch_apply',
              'kcla_branch_bn_sums', 'kcla_branch_backward',
-             'kcla_layer_inference')
+             'kcla_layer_inference', 'kcla_heads_forward',
+             'kcla_heads_backward')
 
 
 def load_ext(name: str = EXT_NAME,
@@ -58,7 +59,7 @@ def ext_device_types(group: str = 'state') -> Tuple[str, ...]:
     Args:
         group (str): ``'state'`` (the state update), ``'branch'`` (the
             fused branch kernels) or ``'layer'`` (the whole layer in
-            inference). Defaults to ``'state'``.
+            inference, the heads). Defaults to ``'state'``.
     """
     ext = get_ext()
     return tuple(ext.device_types(group)) if ext is not None else ()

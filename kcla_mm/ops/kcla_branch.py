@@ -78,7 +78,8 @@ def branch_supported(x: Tensor, norm: nn.Module) -> bool:
 
 
 def layer_supported(x: Tensor) -> bool:
-    """Whether :func:`kcla_layer_inference` can run for ``x`` (on top of
+    """Whether :func:`kcla_layer_inference` and
+    :func:`kcla_mm.ops.kcla_heads.kcla_heads` can run for ``x`` (on top of
     :func:`branch_supported`)."""
     return has_device_impl(x.device.type, 'layer')
 

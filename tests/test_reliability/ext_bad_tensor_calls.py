@@ -59,7 +59,10 @@ def tensors():
         tail_scale=ch(), tail_shift=ch(), q_kernel=torch.rand(3, **f),
         k_kernel=torch.rand(3, **f), norm_d=torch.rand(G, **f) + 0.5,
         gate_weight=torch.rand(G, G, **f), z_next=hd(), w_out=hd(),
-        gate_out=hd())
+        gate_out=hd(), pooled_in=torch.rand(B, C, **f),
+        grad_pooled_out=torch.rand(B, C, **f), grad_gate=hd(),
+        grad_q_kernel=torch.rand(3, **f), grad_k_kernel=torch.rand(3, **f),
+        grad_gate_weight=torch.rand(G, G, **f))
 
 
 ENTRIES = {
@@ -80,10 +83,17 @@ ENTRIES = {
     'kcla_layer_inference': 's residual tail_scale tail_shift u z q_kernel '
                             'k_kernel norm_d gate_weight weight scale shift '
                             'u_next w_out z_next gate_out',
+    'kcla_heads_forward': 'pooled_in z q_kernel k_kernel norm_d gate_weight '
+                          'w_out z_next gate_out',
+    'kcla_heads_backward': 'pooled_in q_kernel k_kernel norm_d gate_weight '
+                           'w_out gate_out grad_w grad_gate grad_pooled_out '
+                           'grad_q_kernel grad_k_kernel grad_gate_weight',
 }
 NO_EPS = ('kcla_relu_pool_forward', 'kcla_relu_pool_backward')
-# scalars after the tensors other than eps: key_eps, max_log_weight
-MORE_SCALARS = {'kcla_layer_inference': (1e-6, 10.0)}
+# scalars after eps (the heads ops take key_eps in its place)
+MORE_SCALARS = {'kcla_layer_inference': (1e-6, 10.0),
+                'kcla_heads_forward': (10.0,),
+                'kcla_heads_backward': (10.0,)}
 
 
 def call(entry, names, case, change):

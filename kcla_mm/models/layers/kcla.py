@@ -23,6 +23,7 @@ from kcla_mm.ops.kcla_branch import (StateTape, branch_supported,
                                      kcla_branch_inference,
                                      kcla_layer_inference, layer_supported,
                                      relu_pool, update_running_stats)
+from kcla_mm.ops.kcla_heads import kcla_heads
 from kcla_mm.ops.kcla_state import IMPLS
 from .eca import build_eca_conv, eca_project, eca_project_pair
 from .state import KCLAState
@@ -173,7 +174,8 @@ class KCLAStateAdapter(BaseModule):
         per-sample variances W_b Cov(Uc) W_b^T plus the variance of GAP(Y)
         over the batch; GAP(A') = k (GAP(Y) - mean) + beta (k = gamma /
         std) gives k_u; then U' = (z k W_b) Uc + z GAP(A'). Only Uc (the
-        strided state, centred) is kept for backward.
+        strided state, centred) is kept for backward. With running
+        statistics the raw strided state stands in for Uc (one pass less).
 
         Returns:
             tuple[Tensor, Tensor]: U (B, C, H, W) and Z (B, G).
@@ -190,17 +192,18 @@ class KCLAStateAdapter(BaseModule):
                                device=u.device).expand(g, -1, -1)
         u = u.reshape(b, g, c_in // g, h * w)
         u_mean = u.mean(-1, keepdim=True)
-        u_c = u - u_mean
         inv_z = (1 / state.z).repeat_interleave(c_in // g_in, 1)
         w_b = weight * inv_z.view(b, g, 1, -1)  # (B, G, C / G, C' / G)
         y_mean = (w_b @ u_mean).squeeze(-1)  # GAP(Y), (B, G, C / G)
-        if norm.training or norm.running_mean is None:
+        batch_stats = norm.training or norm.running_mean is None
+        if batch_stats:
             if b * h * w == 1:  # as nn.BatchNorm2d raises
                 raise ValueError(
                     'Expected more than 1 value per channel when training, '
                     f'got input size {(b, g * weight.shape[1], h, w)} '
                     '(KCLAStateAdapter: its BatchNorm uses batch statistics)')
-            cov = u_c @ u_c.transpose(2, 3) / (h * w)
+            u = u - u_mean  # centred: the covariance and the matmul below
+            cov = u @ u.transpose(2, 3) / (h * w)
             mean = y_mean.mean(0)
             var = ((w_b @ cov) * w_b).sum(-1).mean(0) + \
                 (y_mean - mean).square().mean(0)
@@ -214,10 +217,13 @@ class KCLAStateAdapter(BaseModule):
         z = layer_weights(eca_project(self.k_conv, pooled.view(b, -1), g),
                           norm_d)
         z_g = z.view(b, g, 1)
-        out = torch.baddbmm((z_g * pooled).view(b * g, -1, 1),
+        # U' = z (k (W_b U - mean) + beta): the bias is z GAP(A') for the
+        # centred U, less z k GAP(Y) for the raw one
+        bias = z_g * pooled if batch_stats else z_g * (pooled - k * y_mean)
+        out = torch.baddbmm(bias.view(b * g, -1, 1),
                             ((z_g * k).unsqueeze(-1) * w_b).view(
                                 b * g, -1, c_in // g),
-                            u_c.view(b * g, c_in // g, h * w))
+                            u.view(b * g, c_in // g, h * w))
         return out.view(b, -1, h, w), z
 
     @property
@@ -586,15 +592,21 @@ class KCLALayer(BaseModule):
                 if relu_input:
                     x = F.relu(x, inplace=True)
                 pooled = x.to(dtype).mean((2, 3))
-            query, key = eca_project_pair(self.q_conv, self.k_conv, pooled,
-                                          g)
-            weight = layer_weights(key, self.norm_d)
-            relevance = (query * key).sum(-1) / key.norm(dim=-1).clamp_min(
-                self.key_eps)
-            gate = torch.sigmoid(
-                F.linear(relevance, self.gate.weight.to(dtype)))
             u, z = self._initial_state(x, state)
-            z = weight if z is None else z + weight
+            if fused and layer_supported(x):  # the heads in one op
+                weight, z, gate = kcla_heads(
+                    pooled, z, self.q_conv.weight, self.k_conv.weight,
+                    self.norm_d, self.gate.weight, self.key_eps,
+                    MAX_LOG_WEIGHT)
+            else:
+                query, key = eca_project_pair(self.q_conv, self.k_conv,
+                                              pooled, g)
+                weight = layer_weights(key, self.norm_d)
+                relevance = (query * key).sum(-1) / key.norm(
+                    dim=-1).clamp_min(self.key_eps)
+                gate = torch.sigmoid(
+                    F.linear(relevance, self.gate.weight.to(dtype)))
+                z = weight if z is None else z + weight
             tape_in = None if state is None else state.tape
             if tape_in is not None and (self.adapter is not None
                                         or not fused):

@@ -103,6 +103,26 @@ void kcla_layer_inference_impl(
     at::Tensor u_next, at::Tensor w, at::Tensor z_next, at::Tensor gate,
     double eps, double key_eps, double max_log_weight);
 
+// KCLALayer's heads (steps 1-3 above) from pooled (B, C): w, z_next, gate
+// (B, G) outputs, z (B, G) optional. The backward takes grad_w (that of w
+// plus that of z_next) and grad_gate, and writes grad_pooled (B, C) and the
+// gradients of the two kernels (k,) and of gate_weight (G, G).
+void kcla_heads_forward_impl(const at::Tensor pooled, const at::Tensor z,
+                             const at::Tensor q_kernel,
+                             const at::Tensor k_kernel,
+                             const at::Tensor norm_d,
+                             const at::Tensor gate_weight, at::Tensor w,
+                             at::Tensor z_next, at::Tensor gate,
+                             double key_eps, double max_log_weight);
+void kcla_heads_backward_impl(
+    const at::Tensor pooled, const at::Tensor q_kernel,
+    const at::Tensor k_kernel, const at::Tensor norm_d,
+    const at::Tensor gate_weight, const at::Tensor w, const at::Tensor gate,
+    const at::Tensor grad_w, const at::Tensor grad_gate,
+    at::Tensor grad_pooled, at::Tensor grad_q_kernel,
+    at::Tensor grad_k_kernel, at::Tensor grad_gate_weight, double key_eps,
+    double max_log_weight);
+
 // The instruction set the CPU kernels run with: "avx2" or "base"
 // (pytorch/cpu/kcla_branch.cpp).
 std::string kcla_cpu_isa();
@@ -152,5 +172,18 @@ void kcla_layer_inference(
     const at::Tensor weight, const at::Tensor scale, const at::Tensor shift,
     at::Tensor u_next, at::Tensor w, at::Tensor z_next, at::Tensor gate,
     double eps, double key_eps, double max_log_weight);
+void kcla_heads_forward(const at::Tensor pooled, const OptTensor z,
+                        const at::Tensor q_kernel, const at::Tensor k_kernel,
+                        const at::Tensor norm_d, const at::Tensor gate_weight,
+                        at::Tensor w, at::Tensor z_next, at::Tensor gate,
+                        double key_eps, double max_log_weight);
+void kcla_heads_backward(
+    const at::Tensor pooled, const at::Tensor q_kernel,
+    const at::Tensor k_kernel, const at::Tensor norm_d,
+    const at::Tensor gate_weight, const at::Tensor w, const at::Tensor gate,
+    const at::Tensor grad_w, const at::Tensor grad_gate,
+    at::Tensor grad_pooled, at::Tensor grad_q_kernel,
+    at::Tensor grad_k_kernel, at::Tensor grad_gate_weight, double key_eps,
+    double max_log_weight);
 
 #endif  // KCLA_BRANCH_IMPL_HPP

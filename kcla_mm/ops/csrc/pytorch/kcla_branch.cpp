@@ -82,6 +82,32 @@ void kcla_layer_inference_impl(
                        gate, eps, key_eps, max_log_weight);
 }
 
+void kcla_heads_forward_impl(const at::Tensor pooled, const at::Tensor z,
+                             const at::Tensor q_kernel,
+                             const at::Tensor k_kernel,
+                             const at::Tensor norm_d,
+                             const at::Tensor gate_weight, at::Tensor w,
+                             at::Tensor z_next, at::Tensor gate,
+                             double key_eps, double max_log_weight) {
+  DISPATCH_DEVICE_IMPL(kcla_heads_forward_impl, pooled, z, q_kernel,
+                       k_kernel, norm_d, gate_weight, w, z_next, gate,
+                       key_eps, max_log_weight);
+}
+
+void kcla_heads_backward_impl(
+    const at::Tensor pooled, const at::Tensor q_kernel,
+    const at::Tensor k_kernel, const at::Tensor norm_d,
+    const at::Tensor gate_weight, const at::Tensor w, const at::Tensor gate,
+    const at::Tensor grad_w, const at::Tensor grad_gate,
+    at::Tensor grad_pooled, at::Tensor grad_q_kernel,
+    at::Tensor grad_k_kernel, at::Tensor grad_gate_weight, double key_eps,
+    double max_log_weight) {
+  DISPATCH_DEVICE_IMPL(kcla_heads_backward_impl, pooled, q_kernel, k_kernel,
+                       norm_d, gate_weight, w, gate, grad_w, grad_gate,
+                       grad_pooled, grad_q_kernel, grad_k_kernel,
+                       grad_gate_weight, key_eps, max_log_weight);
+}
+
 namespace {
 
 at::Tensor optional_tensor(const OptTensor& t) {
@@ -104,6 +130,78 @@ void check_bn_args(const FeatureArgChecker& ck, const at::Tensor& scale,
   ck.channels(shift, "shift");
   if (keep.defined() || !keep_optional) ck.batch(keep, "keep");
 }
+
+// The heads' parameters: two odd-length ECA kernels of one length,
+// norm_d (G,), gate_weight (G, G), on `ref`'s device with its dtype.
+void check_head_params(const char* op, const at::Tensor& ref,
+                       const char* ref_name, const at::Tensor& q_kernel,
+                       const at::Tensor& k_kernel, const at::Tensor& norm_d,
+                       const at::Tensor& gate_weight, int64_t G) {
+  for (const auto& kernel : {std::make_pair(&q_kernel, "q_kernel"),
+                             std::make_pair(&k_kernel, "k_kernel")}) {
+    const at::Tensor& t = *kernel.first;
+    check_contiguous(t, op, kernel.second);
+    check_same_device_dtype(t, kernel.second, ref, ref_name, op);
+    TORCH_CHECK(t.dim() == 1 && t.size(0) % 2 == 1 &&
+                    t.size(0) == q_kernel.size(0),
+                op, ": argument `", kernel.second,
+                "` must be 1-D of odd length, as long as `q_kernel` (",
+                q_kernel.sizes(), "), got ", t.sizes());
+  }
+  check_contiguous(norm_d, op, "norm_d");
+  check_same_device_dtype(norm_d, "norm_d", ref, ref_name, op);
+  TORCH_CHECK(norm_d.dim() == 1 && norm_d.size(0) == G, op,
+              ": argument `norm_d` must be (G,) with G = ", G, ", got ",
+              norm_d.sizes());
+  check_contiguous(gate_weight, op, "gate_weight");
+  check_same_device_dtype(gate_weight, "gate_weight", ref, ref_name, op);
+  TORCH_CHECK(gate_weight.dim() == 2 && gate_weight.size(0) == G &&
+                  gate_weight.size(1) == G,
+              op, ": argument `gate_weight` must be (G, G) with G = ", G,
+              ", got ", gate_weight.sizes());
+}
+
+// pooled (B, C) and the (B, G) per-head tensors of the heads ops.
+class HeadArgChecker {
+ public:
+  HeadArgChecker(const char* op, const at::Tensor& pooled,
+                 const at::Tensor& w)
+      : op_(op), pooled_(pooled), w_(w) {
+    check_contiguous(pooled, op, "pooled");
+    TORCH_CHECK(pooled.scalar_type() == at::kFloat ||
+                    pooled.scalar_type() == at::kDouble,
+                op, ": argument `pooled` must be float32 or float64, got ",
+                pooled.scalar_type());
+    TORCH_CHECK(pooled.dim() == 2, op,
+                ": argument `pooled` must be (B, C), got ", pooled.sizes());
+    check_contiguous(w, op, "w");
+    check_same_device_dtype(w, "w", pooled, "pooled", op);
+    TORCH_CHECK(w.dim() == 2 && w.size(0) == pooled.size(0) &&
+                    w.size(1) > 0 && pooled.size(1) % w.size(1) == 0,
+                op, ": argument `w` must be (B, G) with B = ", pooled.size(0),
+                " and G dividing C = ", pooled.size(1), ", got ", w.sizes());
+  }
+  void heads(const at::Tensor& t, const char* name) const {
+    check_contiguous(t, op_, name);
+    check_same_device_dtype(t, name, pooled_, "pooled", op_);
+    TORCH_CHECK(t.sizes() == w_.sizes(), op_, ": argument `", name,
+                "` must have the shape of `w` ", w_.sizes(), ", got ",
+                t.sizes());
+  }
+  void like(const at::Tensor& t, const at::Tensor& ref, const char* name,
+            const char* ref_name) const {
+    check_contiguous(t, op_, name);
+    check_same_device_dtype(t, name, pooled_, "pooled", op_);
+    TORCH_CHECK(t.sizes() == ref.sizes(), op_, ": argument `", name,
+                "` must have the shape of `", ref_name, "` ", ref.sizes(),
+                ", got ", t.sizes());
+  }
+
+ private:
+  const char* op_;
+  const at::Tensor pooled_;
+  const at::Tensor w_;
+};
 
 }  // namespace
 
@@ -253,29 +351,8 @@ void kcla_layer_inference(
   TORCH_CHECK(u_t.defined() == z_t.defined(), op,
               ": `u` and `z` must be given together (a state) or both be "
               "None (the first layer)");
-  const int64_t G = w.size(1);
-  for (const auto& kernel : {std::make_pair(&q_kernel, "q_kernel"),
-                             std::make_pair(&k_kernel, "k_kernel")}) {
-    const at::Tensor& t = *kernel.first;
-    check_contiguous(t, op, kernel.second);
-    check_same_device_dtype(t, kernel.second, s, "s", op);
-    TORCH_CHECK(t.dim() == 1 && t.size(0) % 2 == 1 &&
-                    t.size(0) == q_kernel.size(0),
-                op, ": argument `", kernel.second,
-                "` must be 1-D of odd length, as long as `q_kernel` (",
-                q_kernel.sizes(), "), got ", t.sizes());
-  }
-  check_contiguous(norm_d, op, "norm_d");
-  check_same_device_dtype(norm_d, "norm_d", s, "s", op);
-  TORCH_CHECK(norm_d.dim() == 1 && norm_d.size(0) == G, op,
-              ": argument `norm_d` must be (G,) with G = ", G, ", got ",
-              norm_d.sizes());
-  check_contiguous(gate_weight, op, "gate_weight");
-  check_same_device_dtype(gate_weight, "gate_weight", s, "s", op);
-  TORCH_CHECK(gate_weight.dim() == 2 && gate_weight.size(0) == G &&
-                  gate_weight.size(1) == G,
-              op, ": argument `gate_weight` must be (G, G) with G = ", G,
-              ", got ", gate_weight.sizes());
+  check_head_params(op, s, "s", q_kernel, k_kernel, norm_d, gate_weight,
+                    w.size(1));
   ck.kernel(weight, "weight");
   ck.channels(scale, "scale");
   ck.channels(shift, "shift");
@@ -286,4 +363,47 @@ void kcla_layer_inference(
                             z_t, q_kernel, k_kernel, norm_d, gate_weight,
                             weight, scale, shift, u_next, w, z_next, gate,
                             eps, key_eps, max_log_weight);
+}
+
+void kcla_heads_forward(const at::Tensor pooled, const OptTensor z,
+                        const at::Tensor q_kernel, const at::Tensor k_kernel,
+                        const at::Tensor norm_d, const at::Tensor gate_weight,
+                        at::Tensor w, at::Tensor z_next, at::Tensor gate,
+                        double key_eps, double max_log_weight) {
+  const char* op = "kcla_heads_forward";
+  HeadArgChecker ck(op, pooled, w);
+  const at::Tensor z_t = optional_tensor(z);
+  if (z_t.defined()) ck.heads(z_t, "z");
+  check_head_params(op, pooled, "pooled", q_kernel, k_kernel, norm_d,
+                    gate_weight, w.size(1));
+  ck.heads(z_next, "z_next");
+  ck.heads(gate, "gate");
+  kcla_heads_forward_impl(pooled, z_t, q_kernel, k_kernel, norm_d,
+                          gate_weight, w, z_next, gate, key_eps,
+                          max_log_weight);
+}
+
+void kcla_heads_backward(
+    const at::Tensor pooled, const at::Tensor q_kernel,
+    const at::Tensor k_kernel, const at::Tensor norm_d,
+    const at::Tensor gate_weight, const at::Tensor w, const at::Tensor gate,
+    const at::Tensor grad_w, const at::Tensor grad_gate,
+    at::Tensor grad_pooled, at::Tensor grad_q_kernel,
+    at::Tensor grad_k_kernel, at::Tensor grad_gate_weight, double key_eps,
+    double max_log_weight) {
+  const char* op = "kcla_heads_backward";
+  HeadArgChecker ck(op, pooled, w);
+  check_head_params(op, pooled, "pooled", q_kernel, k_kernel, norm_d,
+                    gate_weight, w.size(1));
+  ck.heads(gate, "gate");
+  ck.heads(grad_w, "grad_w");
+  ck.heads(grad_gate, "grad_gate");
+  ck.like(grad_pooled, pooled, "grad_pooled", "pooled");
+  ck.like(grad_q_kernel, q_kernel, "grad_q_kernel", "q_kernel");
+  ck.like(grad_k_kernel, k_kernel, "grad_k_kernel", "k_kernel");
+  ck.like(grad_gate_weight, gate_weight, "grad_gate_weight", "gate_weight");
+  kcla_heads_backward_impl(pooled, q_kernel, k_kernel, norm_d, gate_weight,
+                           w, gate, grad_w, grad_gate, grad_pooled,
+                           grad_q_kernel, grad_k_kernel, grad_gate_weight,
+                           key_eps, max_log_weight);
 }

@@ -10,7 +10,7 @@
 
 // Device types ("cpu", "cuda") with a compiled implementation of every op
 // of a group: "state" (kcla_state_*), "branch" (kcla_relu_pool_*,
-// kcla_branch_*) or "layer" (kcla_layer_inference).
+// kcla_branch_*) or "layer" (kcla_layer_inference, kcla_heads_*).
 std::vector<std::string> device_types(const std::string& group) {
   std::vector<std::string> types;
   for (auto type : {at::kCPU, at::kCUDA}) {
@@ -31,7 +31,9 @@ std::vector<std::string> device_types(const std::string& group) {
           DEVICE_REGISTRY(kcla_branch_backward_impl).Find(type) != nullptr;
     } else if (group == "layer") {
       has_all =
-          DEVICE_REGISTRY(kcla_layer_inference_impl).Find(type) != nullptr;
+          DEVICE_REGISTRY(kcla_layer_inference_impl).Find(type) != nullptr &&
+          DEVICE_REGISTRY(kcla_heads_forward_impl).Find(type) != nullptr &&
+          DEVICE_REGISTRY(kcla_heads_backward_impl).Find(type) != nullptr;
     } else {
       TORCH_CHECK(false, "device_types: unknown op group '", group,
                   "', expected 'state', 'branch' or 'layer'");
@@ -108,4 +110,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("shift"), py::arg("u_next"), py::arg("w"), py::arg("z_next"),
         py::arg("gate"), py::arg("eps"), py::arg("key_eps"),
         py::arg("max_log_weight"));
+  m.def("kcla_heads_forward", &kcla_heads_forward,
+        "the KCLA heads from pooled features: w, z_next = z + w, gate",
+        py::arg("pooled"), py::arg("z"), py::arg("q_kernel"),
+        py::arg("k_kernel"), py::arg("norm_d"), py::arg("gate_weight"),
+        py::arg("w"), py::arg("z_next"), py::arg("gate"), py::arg("key_eps"),
+        py::arg("max_log_weight"));
+  m.def("kcla_heads_backward", &kcla_heads_backward,
+        "gradients of kcla_heads_forward (grad_w includes z_next's)",
+        py::arg("pooled"), py::arg("q_kernel"), py::arg("k_kernel"),
+        py::arg("norm_d"), py::arg("gate_weight"), py::arg("w"),
+        py::arg("gate"), py::arg("grad_w"), py::arg("grad_gate"),
+        py::arg("grad_pooled"), py::arg("grad_q_kernel"),
+        py::arg("grad_k_kernel"), py::arg("grad_gate_weight"),
+        py::arg("key_eps"), py::arg("max_log_weight"));
 }

@@ -47,3 +47,6 @@ REGISTER_DEVICE_IMPL(kcla_branch_backward_impl, CPU,
                      cpu_kernels().branch_backward);
 REGISTER_DEVICE_IMPL(kcla_layer_inference_impl, CPU,
                      cpu_kernels().layer_inference);
+REGISTER_DEVICE_IMPL(kcla_heads_forward_impl, CPU, cpu_kernels().heads_forward);
+REGISTER_DEVICE_IMPL(kcla_heads_backward_impl, CPU,
+                     cpu_kernels().heads_backward);

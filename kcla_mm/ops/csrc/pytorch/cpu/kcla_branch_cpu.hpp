@@ -13,6 +13,8 @@ struct BranchKernels {
   decltype(&kcla_branch_bn_sums_impl) branch_bn_sums;
   decltype(&kcla_branch_backward_impl) branch_backward;
   decltype(&kcla_layer_inference_impl) layer_inference;
+  decltype(&kcla_heads_forward_impl) heads_forward;
+  decltype(&kcla_heads_backward_impl) heads_backward;
 };
 
 #if defined(__GNUC__) && defined(__x86_64__)

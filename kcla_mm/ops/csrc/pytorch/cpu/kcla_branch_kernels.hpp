@@ -450,6 +450,108 @@ void sample_heads(const T* pooled, int64_t C, int64_t G, const T* kq,
   }
 }
 
+// sample_heads for every sample of pooled (B, C); z optional (B, G).
+template <typename T>
+void heads_forward(const at::Tensor& pooled, const at::Tensor& z,
+                   const at::Tensor& q_kernel, const at::Tensor& k_kernel,
+                   const at::Tensor& norm_d, const at::Tensor& gate_weight,
+                   at::Tensor& w, at::Tensor& z_next, at::Tensor& gate,
+                   double key_eps, double max_log_weight) {
+  const int64_t B = pooled.size(0), C = pooled.size(1), G = w.size(1);
+  const T* pz = data_ptr_or_null<T>(z);
+  for (int64_t b = 0; b < B; ++b) {
+    sample_heads<T>(pooled.data_ptr<T>() + b * C, C, G,
+                    q_kernel.data_ptr<T>(), k_kernel.data_ptr<T>(),
+                    q_kernel.size(0), norm_d.data_ptr<T>(),
+                    gate_weight.data_ptr<T>(), pz ? pz + b * G : nullptr,
+                    key_eps, max_log_weight, w.data_ptr<T>() + b * G,
+                    z_next.data_ptr<T>() + b * G, gate.data_ptr<T>() + b * G);
+  }
+}
+
+// Gradients of heads_forward w.r.t. pooled, the two ECA kernels and
+// gate_weight, from those w.r.t. w (grad_w: the direct one plus z_next's,
+// since z_next = z + w) and gate; in double. The clamps pass gradient where
+// torch.clamp does (x <= max, |K| >= key_eps); |K| = 0 passes none.
+template <typename T>
+void heads_backward(const at::Tensor& pooled, const at::Tensor& q_kernel,
+                    const at::Tensor& k_kernel, const at::Tensor& norm_d,
+                    const at::Tensor& gate_weight, const at::Tensor& w,
+                    const at::Tensor& gate, const at::Tensor& grad_w,
+                    const at::Tensor& grad_gate, at::Tensor& grad_pooled,
+                    at::Tensor& grad_q_kernel, at::Tensor& grad_k_kernel,
+                    at::Tensor& grad_gate_weight, double key_eps,
+                    double max_log_weight) {
+  const int64_t B = pooled.size(0), C = pooled.size(1), G = w.size(1);
+  const int64_t k = q_kernel.size(0), pad = (k - 1) / 2, d = C / G;
+  const T *pp = pooled.data_ptr<T>(), *kq = q_kernel.data_ptr<T>();
+  const T *kk = k_kernel.data_ptr<T>(), *nd = norm_d.data_ptr<T>();
+  const T *gw = gate_weight.data_ptr<T>(), *pw = w.data_ptr<T>();
+  const T *pg = gate.data_ptr<T>(), *pgw = grad_w.data_ptr<T>();
+  const T* pgg = grad_gate.data_ptr<T>();
+  T* pgp = grad_pooled.data_ptr<T>();
+  std::vector<double> q(C), key(C), dq(C), dk(C), rel(G), da(G);
+  std::vector<double> gkq(k, 0.0), gkk(k, 0.0), ggw(G * G, 0.0);
+  for (int64_t b = 0; b < B; ++b) {
+    const T* p = pp + b * C;
+    for (int64_t c = 0; c < C; ++c) {
+      double qv = 0, kv = 0;
+      for (int64_t t = std::max<int64_t>(0, pad - c);
+           t < std::min<int64_t>(k, C + pad - c); ++t) {
+        qv += double(kq[t]) * p[c + t - pad];
+        kv += double(kk[t]) * p[c + t - pad];
+      }
+      q[c] = qv;
+      key[c] = kv;
+    }
+    for (int64_t g = 0; g < G; ++g) {  // da = dL/d(gate logit)
+      const double gt = pg[b * G + g];
+      da[g] = double(pgg[b * G + g]) * gt * (1.0 - gt);
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      double k2 = 0, qk = 0, dr = 0;
+      for (int64_t c = g * d; c < (g + 1) * d; ++c) {
+        k2 += key[c] * key[c];
+        qk += q[c] * key[c];
+      }
+      for (int64_t h = 0; h < G; ++h) dr += double(gw[h * G + g]) * da[h];
+      const double norm = std::sqrt(k2), den = std::max(norm, key_eps);
+      rel[g] = qk / den;
+      double dn = 0;  // dL/d|K_g|
+      if (norm / double(nd[g]) <= max_log_weight) {
+        dn += double(pgw[b * G + g]) * double(pw[b * G + g]) / double(nd[g]);
+      }
+      if (norm >= key_eps) dn -= dr * qk / (den * den);
+      const double dqk = dr / den, dkn = norm > 0 ? dn / norm : 0.0;
+      for (int64_t c = g * d; c < (g + 1) * d; ++c) {
+        dq[c] = dqk * key[c];
+        dk[c] = dqk * q[c] + dkn * key[c];
+      }
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      for (int64_t h = 0; h < G; ++h) ggw[g * G + h] += da[g] * rel[h];
+    }
+    for (int64_t j = 0; j < C; ++j) {  // the ECA convs' transposes
+      double gp = 0;
+      for (int64_t t = std::max<int64_t>(0, j + pad - C + 1);
+           t < std::min<int64_t>(k, j + pad + 1); ++t) {
+        const int64_t c = j - t + pad;
+        gp += double(kq[t]) * dq[c] + double(kk[t]) * dk[c];
+        gkq[t] += dq[c] * p[j];
+        gkk[t] += dk[c] * p[j];
+      }
+      pgp[b * C + j] = T(gp);
+    }
+  }
+  for (int64_t t = 0; t < k; ++t) {
+    grad_q_kernel.data_ptr<T>()[t] = T(gkq[t]);
+    grad_k_kernel.data_ptr<T>()[t] = T(gkk[t]);
+  }
+  for (int64_t i = 0; i < G * G; ++i) {
+    grad_gate_weight.data_ptr<T>()[i] = T(ggw[i]);
+  }
+}
+
 // A whole KCLALayer in inference, one sample at a time (its maps are still
 // in cache when the branch reads them): relu_pool with the block's tail
 // affine, the heads, then branch_forward (keep = 1).
@@ -739,12 +841,40 @@ void layer_inference_cpu(
                         max_log_weight));
 }
 
+void heads_forward_cpu(const at::Tensor pooled, const at::Tensor z,
+                       const at::Tensor q_kernel, const at::Tensor k_kernel,
+                       const at::Tensor norm_d, const at::Tensor gate_weight,
+                       at::Tensor w, at::Tensor z_next, at::Tensor gate,
+                       double key_eps, double max_log_weight) {
+  KCLA_DISPATCH_CPU(pooled.scalar_type(), "kcla_heads_forward_cpu",
+                    heads_forward<scalar_t>(pooled, z, q_kernel, k_kernel,
+                                            norm_d, gate_weight, w, z_next,
+                                            gate, key_eps, max_log_weight));
+}
+
+void heads_backward_cpu(
+    const at::Tensor pooled, const at::Tensor q_kernel,
+    const at::Tensor k_kernel, const at::Tensor norm_d,
+    const at::Tensor gate_weight, const at::Tensor w, const at::Tensor gate,
+    const at::Tensor grad_w, const at::Tensor grad_gate,
+    at::Tensor grad_pooled, at::Tensor grad_q_kernel,
+    at::Tensor grad_k_kernel, at::Tensor grad_gate_weight, double key_eps,
+    double max_log_weight) {
+  KCLA_DISPATCH_CPU(pooled.scalar_type(), "kcla_heads_backward_cpu",
+                    heads_backward<scalar_t>(
+                        pooled, q_kernel, k_kernel, norm_d, gate_weight, w,
+                        gate, grad_w, grad_gate, grad_pooled, grad_q_kernel,
+                        grad_k_kernel, grad_gate_weight, key_eps,
+                        max_log_weight));
+}
+
 #undef KCLA_DISPATCH_CPU
 
 inline BranchKernels kernels() {
   return {relu_pool_forward_cpu, relu_pool_backward_cpu, branch_stats_cpu,
           branch_forward_cpu,    branch_apply_cpu,       branch_bn_sums_cpu,
-          branch_backward_cpu,   layer_inference_cpu};
+          branch_backward_cpu,   layer_inference_cpu,    heads_forward_cpu,
+          heads_backward_cpu};
 }
 
 }  // namespace KCLA_CPU_NS

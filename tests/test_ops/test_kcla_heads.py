@@ -1,0 +1,88 @@
+"""The heads op (kcla_heads) against the same equations in torch ops."""
+import pytest
+import torch
+
+from kcla_mm.ops import get_ext
+from kcla_mm.ops.kcla_heads import kcla_heads
+from .test_kcla_branch import reference_heads
+
+
+def make_heads_case(dtype=torch.float64, b=3, c=12, g=3, k=5, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    pooled = torch.rand(b, c, generator=gen, dtype=dtype) * 2
+    z = torch.rand(b, g, generator=gen, dtype=dtype) + 1
+    q_kernel, k_kernel = (torch.randn(1, 1, k, generator=gen, dtype=dtype)
+                          for _ in range(2))
+    norm_d = torch.rand(g, generator=gen, dtype=dtype) + 0.7
+    gate_weight = torch.randn(g, g, generator=gen, dtype=dtype)
+    return pooled, z, q_kernel, k_kernel, norm_d, gate_weight
+
+
+@pytest.mark.parametrize('with_z', [True, False])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+def test_heads_match_reference_values_and_gradients(dtype, with_z):
+    pooled, z, qk, kk, norm_d, gate_w = make_heads_case(dtype)
+    z = z if with_z else None
+    leaves = [t.requires_grad_() for t in (pooled, qk, kk, gate_w)] + \
+        ([z.requires_grad_()] if with_z else [])
+    got = kcla_heads(pooled, z, qk, kk, norm_d, gate_w, 1e-6, 10.0)
+    want = reference_heads(pooled, qk.view(-1), kk.view(-1), norm_d, gate_w,
+                           z)
+    # float32: the op sums in double, the reference in float32
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else {}
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **tol)
+    seeds = [torch.randn_like(t) for t in got]
+    for a, b in zip(torch.autograd.grad(got, leaves, seeds),
+                    torch.autograd.grad(want, leaves, seeds)):
+        torch.testing.assert_close(a, b, **tol)
+
+
+def test_heads_gradcheck_float64_and_clamps():
+    """gradcheck on a smooth case, then the two clamps: a head whose
+    |K| / norm_d is past the exp clamp passes w no gradient, and a zero
+    key (|K| = 0 < key_eps) gives finite gradients equal to torch's."""
+    pooled, z, qk, kk, norm_d, gate_w = make_heads_case(b=2, c=8, g=2, k=3)
+    inputs = [t.requires_grad_() for t in (pooled, z, qk, kk, gate_w)]
+    assert torch.autograd.gradcheck(
+        lambda p, zz, q, k, gw: kcla_heads(p, zz, q, k, norm_d, gw, 1e-6,
+                                           10.0), inputs)
+    big = pooled.detach().clone()
+    big[0] *= 1e3  # |K| / norm_d > 10 in every head of sample 0
+    big[1, :4] = 0  # head 0 of sample 1: zero key
+    leaves = [big.requires_grad_(), qk, kk, gate_w]
+    got = kcla_heads(big, z, qk, kk, norm_d, gate_w, 1e-6, 10.0)
+    want = reference_heads(big, qk.view(-1), kk.view(-1), norm_d, gate_w, z)
+    seeds = [torch.randn_like(t) for t in got]
+    for a, b in zip(torch.autograd.grad(got, leaves, seeds),
+                    torch.autograd.grad(want, leaves, seeds)):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b)
+
+
+def test_raw_heads_ops_name_bad_arguments():
+    ext = get_ext()
+    pooled, z, qk, kk, norm_d, gate_w = make_heads_case(torch.float32)
+    w, z_next, gate = (torch.empty(3, 3) for _ in range(3))
+    with pytest.raises(RuntimeError, match='kcla_heads_forward: argument '
+                       '`pooled` must be \\(B, C\\)'):
+        ext.kcla_heads_forward(pooled[..., None], z, qk.view(-1), kk.view(-1),
+                               norm_d, gate_w, w, z_next, gate, 1e-6, 10.0)
+    with pytest.raises(RuntimeError, match='argument `w` must be \\(B, G\\) '
+                       'with B = 3 and G dividing C = 12'):
+        ext.kcla_heads_forward(pooled, z, qk.view(-1), kk.view(-1), norm_d,
+                               gate_w, torch.empty(3, 5), z_next, gate, 1e-6,
+                               10.0)
+    with pytest.raises(RuntimeError, match='argument `q_kernel` must be 1-D'):
+        ext.kcla_heads_forward(pooled, z, qk.view(1, -1), kk.view(-1),
+                               norm_d, gate_w, w, z_next, gate, 1e-6, 10.0)
+    with pytest.raises(RuntimeError, match='kcla_heads_backward: argument '
+                       '`grad_pooled` must have the shape of `pooled`'):
+        ext.kcla_heads_backward(pooled, qk.view(-1), kk.view(-1), norm_d,
+                                gate_w, w, gate, w, gate, torch.empty(3, 4),
+                                torch.empty(5), torch.empty(5),
+                                torch.empty(3, 3), 1e-6, 10.0)
+    with pytest.raises(RuntimeError, match='argument `gate` has dtype '
+                       'Double but `pooled` has dtype Float'):
+        ext.kcla_heads_forward(pooled, z, qk.view(-1), kk.view(-1), norm_d,
+                               gate_w, w, z_next, gate.double(), 1e-6, 10.0)
