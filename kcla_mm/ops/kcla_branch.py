@@ -169,7 +169,7 @@ def _combine_plane_stats(stats: Tensor, hw: int) -> Tuple[Tensor, Tensor]:
     return mean, m2 / (stats.shape[0] * hw)
 
 
-def folded_bn(norm: nn.BatchNorm2d, mean: Tensor, var: Tensor,
+def _folded_bn(norm: nn.BatchNorm2d, mean: Tensor, var: Tensor,
                dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor]:
     """(invstd, scale, shift) with BN(o) = scale * o + shift, each (C,)."""
     invstd = torch.rsqrt(var.to(dtype) + norm.eps)
@@ -201,12 +201,12 @@ class KCLABranchFunction(Function):
             ext.kcla_branch_stats(x, u, w, z, gate, weight, u_next, stats, eps)
             mean, var = _combine_plane_stats(stats, h * w_)
             update_running_stats(norm, mean, var, b * h * w_)
-            invstd, scale, shift = folded_bn(norm, mean, var, x.dtype)
+            invstd, scale, shift = _folded_bn(norm, mean, var, x.dtype)
             ext.kcla_branch_apply(x, u_next, z, gate, weight, scale, shift,
                                   keep, out, mask, eps)
         else:
             mean = norm.running_mean
-            invstd, scale, shift = folded_bn(norm, mean, norm.running_var,
+            invstd, scale, shift = _folded_bn(norm, mean, norm.running_var,
                                               x.dtype)
             ext.kcla_branch_forward(x, u, w, z, gate, weight, scale, shift,
                                     keep, u_next, out, mask, eps)
@@ -341,7 +341,7 @@ def kcla_branch_inference(x: Tensor,
     ``out_in_place`` so is ``x``.
     """
     dtype = x.dtype
-    _, scale, shift = folded_bn(norm, norm.running_mean, norm.running_var,
+    _, scale, shift = _folded_bn(norm, norm.running_mean, norm.running_var,
                                  dtype)
     u_next = torch.empty_like(x) if u is None else u
     out = x if out_in_place else torch.empty_like(x)
@@ -381,11 +381,11 @@ def kcla_layer_inference(s: Tensor,
     dtype = s.dtype
     b = s.shape[0]
     g = norm_d.shape[0]
-    _, scale, shift = folded_bn(norm, norm.running_mean, norm.running_var,
+    _, scale, shift = _folded_bn(norm, norm.running_mean, norm.running_var,
                                  dtype)
     tail_scale = tail_shift = None
     if tail_norm is not None:
-        _, tail_scale, tail_shift = folded_bn(
+        _, tail_scale, tail_shift = _folded_bn(
             tail_norm, tail_norm.running_mean, tail_norm.running_var, dtype)
     u_next = torch.empty_like(s) if u is None else u
     w = s.new_empty((b, g))

@@ -1,9 +1,12 @@
 """What a ResNetKCLA training step keeps for backward, and that the parts
-recomputed in backward (the cross-stage adapters) update BN once."""
+recomputed in backward (cross-stage adapters not folded into one matmul)
+update BN once."""
+import pytest
 import torch
 from mmdet.models.backbones import ResNet
 
 from kcla_mm.models import ResNetKCLA
+from kcla_mm.models.layers.kcla import KCLAStateAdapter
 
 
 def saved_bytes(model, x):
@@ -37,10 +40,15 @@ def test_kcla_activation_memory_is_within_the_target():
     assert 1.0 < ratio <= 1.30, ratio
 
 
-def test_recomputed_adapters_update_running_stats_once():
+@pytest.mark.parametrize('fold_adapters', [True, False])
+def test_recomputed_adapters_update_running_stats_once(fold_adapters,
+                                                        monkeypatch):
     """A training forward + backward leaves the same BN running statistics
     as a training forward without autograd (where nothing is recomputed),
-    for every BN of the backbone, adapters included."""
+    for every BN of the backbone, adapters included: folded into one matmul
+    or (forced) the generic way, recomputed in backward."""
+    if not fold_adapters:
+        monkeypatch.setattr(KCLAStateAdapter, 'folds', lambda self: False)
     torch.manual_seed(0)
     model = ResNetKCLA(50, base_channels=16, head_dim=16, norm_eval=False,
                        kcla_drop_path=0.0).train()
