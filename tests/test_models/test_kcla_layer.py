@@ -129,6 +129,30 @@ def test_folded_adapter_matches_generic_values_grads_running_stats(
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize('relu_input', [False, True])
+def test_drop_path_applies_in_no_grad_training_mode_with_frozen_bn(
+        relu_input):
+    """Training mode with frozen (eval) BNs under no_grad, as norm_eval
+    gives: the fused path still drops paths, with the torch path's masks."""
+    outs = []
+    for impl in ('fused', 'torch'):
+        torch.manual_seed(0)
+        layer = randomise(KCLALayer(16, head_dim=8, drop_path=0.5,
+                                    impl=impl), 0).train()
+        layer.norm.eval()
+        s, r = torch.randn(8, 16, 4, 4), torch.randn(8, 16, 4, 4)
+        assert not layer.folds_tail_norm(s)
+        with torch.no_grad():
+            torch.manual_seed(1)
+            out, _ = layer(s.clone(), None, relu_input=relu_input,
+                           shortcut=r if relu_input else None)
+        outs.append(out)
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+    x = F.relu(s + r) if relu_input else s
+    dropped = (outs[1] == x).flatten(1).all(1)
+    assert 0 < dropped.sum() < 8  # some samples dropped, some kept
+
+
 def test_tail_norm_folds_only_in_no_grad_eval():
     layer = KCLALayer(16, head_dim=8).eval()
     x = torch.rand(2, 16, 4, 4)

@@ -463,10 +463,11 @@ class KCLALayer(BaseModule):
         """Whether a no-grad call with ``relu_input=True`` on ``x`` (or a
         tensor of its dtype and device) runs the whole layer as one
         :func:`kcla_layer_inference` call, folding ``tail_norm`` (None:
-        nothing to fold) into it: eval-mode BatchNorms, no grad, a device
-        the extension's layer op supports."""
+        nothing to fold) into it: eval-mode BatchNorms, no grad, no active
+        drop-path, a device the extension's layer op supports."""
         return (not torch.is_grad_enabled() and self._use_fused_branch(x)
-                and foldable_bn(self.norm) and layer_supported(x)
+                and foldable_bn(self.norm) and not self._drops_path()
+                and layer_supported(x)
                 and (tail_norm is None or foldable_bn(tail_norm)))
 
     def _layer_inference(self, x: Tensor, state: Optional[KCLAState],
@@ -485,6 +486,11 @@ class KCLALayer(BaseModule):
             self.key_eps, MAX_LOG_WEIGHT, tail_norm)
         return out.to(x.dtype), KCLAState(u, z)
 
+    def _drops_path(self) -> bool:
+        """Whether the Y branch's drop-path is active (training mode)."""
+        return self.training and getattr(self.drop_path, 'drop_prob',
+                                         0.0) > 0
+
     def _fused_branch(self, x: Tensor, u: Optional[Tensor], weight: Tensor,
                       z: Tensor, gate: Tensor,
                       tape_in: Optional[StateTape], out_in_place: bool
@@ -499,15 +505,14 @@ class KCLALayer(BaseModule):
                     'Expected more than 1 value per channel when training, '
                     f'got input size {x.shape} ({type(self).__name__}: its '
                     'branch BatchNorm uses batch statistics)')
-        elif not torch.is_grad_enabled():
+        elif not torch.is_grad_enabled() and not self._drops_path():
             out, u = kcla_branch_inference(x, u, weight, z, gate,
                                            self.v_conv.weight, self.norm,
                                            self.eps, out_in_place)
             return out, KCLAState(u, z)
         keep = x.new_ones(b)
-        drop_prob = getattr(self.drop_path, 'drop_prob', 0.0)
-        if self.training and drop_prob > 0:  # mmcv DropPath's masks
-            keep_prob = 1 - drop_prob
+        if self._drops_path():  # mmcv DropPath's masks
+            keep_prob = 1 - self.drop_path.drop_prob
             keep = (keep_prob + torch.rand(
                 (b, 1, 1, 1), dtype=x.dtype,
                 device=x.device)).floor_().view(b) / keep_prob
