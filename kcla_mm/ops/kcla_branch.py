@@ -145,7 +145,7 @@ class ReLUPoolFunction(Function):
 
 
 def update_running_stats(norm: nn.BatchNorm2d, mean: Tensor, var: Tensor,
-                          n: int) -> None:
+                         n: int) -> None:
     """nn.BatchNorm2d's running-statistics update from batch ``mean`` and
     biased ``var`` over ``n`` values per channel."""
     if not norm.track_running_stats or norm.running_mean is None:

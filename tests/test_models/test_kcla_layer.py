@@ -124,7 +124,8 @@ def test_folded_adapter_matches_generic_values_grads_running_stats(
             outs = model._adapted_state(KCLAState(u, z), size)
         params = list(model.adapter.parameters())
         grads = torch.autograd.grad(outs, [u, z] + params, seeds)
-        results.append(list(outs) + list(grads) + list(model.adapter.buffers()))
+        results.append(list(outs) + list(grads) +
+                       list(model.adapter.buffers()))
     for a, b in zip(*results):
         torch.testing.assert_close(a, b)
 

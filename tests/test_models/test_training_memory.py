@@ -42,7 +42,7 @@ def test_kcla_activation_memory_is_within_the_target():
 
 @pytest.mark.parametrize('fold_adapters', [True, False])
 def test_recomputed_adapters_update_running_stats_once(fold_adapters,
-                                                        monkeypatch):
+                                                       monkeypatch):
     """A training forward + backward leaves the same BN running statistics
     as a training forward without autograd (where nothing is recomputed),
     for every BN of the backbone, adapters included: folded into one matmul
