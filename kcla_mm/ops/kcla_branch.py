@@ -37,6 +37,7 @@ from torch.autograd import Function
 from torch.autograd.function import once_differentiable
 
 from .ext_loader import get_ext, has_device_impl
+from .kcla_heads import head_params
 
 
 # A layer saves its incoming state instead of inverting the running sum when
@@ -70,9 +71,15 @@ class StateTape:
         return u
 
 
+def plain_affine_bn(norm: nn.Module) -> bool:
+    """Whether ``norm`` is an ``nn.BatchNorm2d`` itself (no subclass such as
+    SyncBatchNorm) with affine parameters, as the fused ops compute it."""
+    return type(norm) is nn.BatchNorm2d and norm.affine
+
+
 def branch_supported(x: Tensor, norm: nn.Module) -> bool:
     """Whether the fused branch can run for ``x`` and this norm layer."""
-    return (type(norm) is nn.BatchNorm2d and norm.affine
+    return (plain_affine_bn(norm)
             and x.dtype in (torch.float32, torch.float64)
             and has_device_impl(x.device.type, 'branch'))
 
@@ -88,8 +95,8 @@ def foldable_bn(norm: nn.Module) -> bool:
     """Whether ``norm`` is an eval-mode ``nn.BatchNorm2d`` with running
     statistics and affine parameters: an affine map
     :func:`kcla_layer_inference` can fold in."""
-    return (type(norm) is nn.BatchNorm2d and norm.affine
-            and not norm.training and norm.running_mean is not None)
+    return (plain_affine_bn(norm) and not norm.training
+            and norm.running_mean is not None)
 
 
 def relu_pool(s: Tensor,
@@ -391,14 +398,10 @@ def kcla_layer_inference(s: Tensor,
     w = s.new_empty((b, g))
     z_next = torch.empty_like(w)
     gate = torch.empty_like(w)
-
-    def vec(t: Tensor) -> Tensor:
-        return t.to(dtype).contiguous()
-
     get_ext().kcla_layer_inference(
         s, residual, tail_scale, tail_shift, u,
-        None if z is None else vec(z), vec(q_kernel.view(-1)),
-        vec(k_kernel.view(-1)), vec(norm_d), vec(gate_weight), vec(weight),
-        scale, shift, u_next, w, z_next, gate, float(eps), float(key_eps),
-        float(max_log_weight))
+        None if z is None else z.to(dtype).contiguous(),
+        *head_params(q_kernel, k_kernel, norm_d, gate_weight, dtype),
+        weight.to(dtype).contiguous(), scale, shift, u_next, w, z_next, gate,
+        float(eps), float(key_eps), float(max_log_weight))
     return s, u_next, z_next

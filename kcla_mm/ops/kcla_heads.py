@@ -76,12 +76,17 @@ def kcla_heads(pooled: Tensor, z: Optional[Tensor], q_kernel: Tensor,
     elements), ``gate_weight`` (G, G); ``norm_d`` (G,) is a constant. All
     are cast to ``pooled``'s dtype."""
     dtype = pooled.dtype
-
-    def vec(t: Tensor) -> Tensor:
-        return t.to(dtype).reshape(-1).contiguous()
-
     return KCLAHeadsFunction.apply(
         pooled.contiguous(), None if z is None else z.to(dtype).contiguous(),
-        vec(q_kernel), vec(k_kernel), vec(norm_d),
-        gate_weight.to(dtype).contiguous(), float(key_eps),
-        float(max_log_weight))
+        *head_params(q_kernel, k_kernel, norm_d, gate_weight, dtype),
+        float(key_eps), float(max_log_weight))
+
+
+def head_params(q_kernel: Tensor, k_kernel: Tensor, norm_d: Tensor,
+                gate_weight: Tensor, dtype) -> Tuple[Tensor, ...]:
+    """The heads' parameters as the extension takes them: the ECA kernels
+    and ``norm_d`` 1-D, ``gate_weight`` (G, G), all contiguous in
+    ``dtype`` (differentiable casts)."""
+    return (*(t.to(dtype).reshape(-1).contiguous()
+              for t in (q_kernel, k_kernel, norm_d)),
+            gate_weight.to(dtype).contiguous())

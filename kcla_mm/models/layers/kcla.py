@@ -22,7 +22,8 @@ from kcla_mm.ops.kcla_branch import (StateTape, branch_supported,
                                      foldable_bn, kcla_branch,
                                      kcla_branch_inference,
                                      kcla_layer_inference, layer_supported,
-                                     relu_pool, update_running_stats)
+                                     plain_affine_bn, relu_pool,
+                                     update_running_stats)
 from kcla_mm.ops.kcla_heads import kcla_heads
 from kcla_mm.ops.kcla_state import IMPLS
 from .eca import build_eca_conv, eca_project, eca_project_pair
@@ -158,9 +159,8 @@ class KCLAStateAdapter(BaseModule):
         """Whether :meth:`folded_state` applies: a BatchNorm2d with affine
         parameters (batch or running statistics), no resize; not while
         torch.jit traces (FLOP counts and exports see the spec's ops)."""
-        norm = self.norm
-        return (not self.resize and type(norm) is nn.BatchNorm2d
-                and norm.affine and not torch.jit.is_tracing())
+        return (not self.resize and plain_affine_bn(self.norm)
+                and not torch.jit.is_tracing())
 
     def folded_state(self, state: KCLAState, num_heads: int,
                      norm_d: Tensor) -> Tuple[Tensor, Tensor]:

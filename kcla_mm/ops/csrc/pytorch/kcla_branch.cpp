@@ -137,24 +137,25 @@ void check_head_params(const char* op, const at::Tensor& ref,
                        const char* ref_name, const at::Tensor& q_kernel,
                        const at::Tensor& k_kernel, const at::Tensor& norm_d,
                        const at::Tensor& gate_weight, int64_t G) {
+  const auto operand = [&](const at::Tensor& t, const char* name) {
+    check_contiguous(t, op, name);
+    check_same_device_dtype(t, name, ref, ref_name, op);
+  };
   for (const auto& kernel : {std::make_pair(&q_kernel, "q_kernel"),
                              std::make_pair(&k_kernel, "k_kernel")}) {
     const at::Tensor& t = *kernel.first;
-    check_contiguous(t, op, kernel.second);
-    check_same_device_dtype(t, kernel.second, ref, ref_name, op);
+    operand(t, kernel.second);
     TORCH_CHECK(t.dim() == 1 && t.size(0) % 2 == 1 &&
                     t.size(0) == q_kernel.size(0),
                 op, ": argument `", kernel.second,
                 "` must be 1-D of odd length, as long as `q_kernel` (",
                 q_kernel.sizes(), "), got ", t.sizes());
   }
-  check_contiguous(norm_d, op, "norm_d");
-  check_same_device_dtype(norm_d, "norm_d", ref, ref_name, op);
+  operand(norm_d, "norm_d");
   TORCH_CHECK(norm_d.dim() == 1 && norm_d.size(0) == G, op,
               ": argument `norm_d` must be (G,) with G = ", G, ", got ",
               norm_d.sizes());
-  check_contiguous(gate_weight, op, "gate_weight");
-  check_same_device_dtype(gate_weight, "gate_weight", ref, ref_name, op);
+  operand(gate_weight, "gate_weight");
   TORCH_CHECK(gate_weight.dim() == 2 && gate_weight.size(0) == G &&
                   gate_weight.size(1) == G,
               op, ": argument `gate_weight` must be (G, G) with G = ", G,
@@ -182,11 +183,7 @@ class HeadArgChecker {
                 " and G dividing C = ", pooled.size(1), ", got ", w.sizes());
   }
   void heads(const at::Tensor& t, const char* name) const {
-    check_contiguous(t, op_, name);
-    check_same_device_dtype(t, name, pooled_, "pooled", op_);
-    TORCH_CHECK(t.sizes() == w_.sizes(), op_, ": argument `", name,
-                "` must have the shape of `w` ", w_.sizes(), ", got ",
-                t.sizes());
+    like(t, w_, name, "w");
   }
   void like(const at::Tensor& t, const at::Tensor& ref, const char* name,
             const char* ref_name) const {

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "kcla_branch_cpu.hpp"
@@ -411,41 +412,73 @@ void branch_forward(const at::Tensor& x, const at::Tensor& u,
   });
 }
 
-// KCLALayer's per-head scalars for one sample (spec section 2, steps 1-3)
-// from its pooled features (C,): the ECA query and key (zero-padded
-// cross-correlations with kq, kk of odd length k), w = exp(min(|K_g| /
-// norm_d_g, max_log)), z_next = z + w (z null: w), gate = sigmoid(gate_w @
-// rel), rel_g = <Q_g, K_g> / max(|K_g|, key_eps); all (G,). In double.
+// The heads' parameters (spec section 2, steps 1-3): ECA kernels kq, kk
+// of odd length k, the temperatures norm_d and gate_w (G, G), raw.
 template <typename T>
-void sample_heads(const T* pooled, int64_t C, int64_t G, const T* kq,
-                  const T* kk, int64_t k, const T* norm_d, const T* gate_w,
-                  const T* z, double key_eps, double max_log, T* w,
-                  T* z_next, T* gate) {
-  const int64_t pad = (k - 1) / 2, d = C / G;
+struct HeadOperands {
+  const T *kq, *kk;
+  int64_t k;
+  const T *norm_d, *gate_w;
+  double key_eps, max_log;
+  HeadOperands(const at::Tensor& q_kernel, const at::Tensor& k_kernel,
+               const at::Tensor& norm_d_, const at::Tensor& gate_weight,
+               double key_eps_, double max_log_)
+      : kq(q_kernel.data_ptr<T>()), kk(k_kernel.data_ptr<T>()),
+        k(q_kernel.size(0)), norm_d(norm_d_.data_ptr<T>()),
+        gate_w(gate_weight.data_ptr<T>()), key_eps(key_eps_),
+        max_log(max_log_) {}
+};
+
+// q, key (C,) = the zero-padded ECA cross-correlations of pooled (C,).
+template <typename T>
+void eca_pair(const HeadOperands<T>& h, const T* pooled, int64_t C,
+              double* q, double* key) {
+  const int64_t pad = (h.k - 1) / 2;
+  for (int64_t c = 0; c < C; ++c) {
+    double qv = 0, kv = 0;
+    for (int64_t t = std::max<int64_t>(0, pad - c);
+         t < std::min<int64_t>(h.k, C + pad - c); ++t) {
+      qv += double(h.kq[t]) * pooled[c + t - pad];
+      kv += double(h.kk[t]) * pooled[c + t - pad];
+    }
+    q[c] = qv;
+    key[c] = kv;
+  }
+}
+
+// Over head g's d channels: (|K_g|, <Q_g, K_g>).
+inline std::pair<double, double> head_norm_dot(const double* q,
+                                               const double* key, int64_t g,
+                                               int64_t d) {
+  double k2 = 0, qk = 0;
+  for (int64_t c = g * d; c < (g + 1) * d; ++c) {
+    k2 += key[c] * key[c];
+    qk += q[c] * key[c];
+  }
+  return {std::sqrt(k2), qk};
+}
+
+// One sample's heads from its pooled features (C,): w = exp(min(|K_g| /
+// norm_d_g, max_log)), z_next = z + w (z null: w), gate = sigmoid(gate_w @
+// rel), rel_g = <Q_g, K_g> / max(|K_g|, key_eps); all (G,). In double;
+// q, key: (C,) scratch.
+template <typename T>
+void sample_heads(const HeadOperands<T>& h, const T* pooled, int64_t C,
+                  int64_t G, const T* z, T* w, T* z_next, T* gate,
+                  std::vector<double>& q, std::vector<double>& key) {
+  eca_pair<T>(h, pooled, C, q.data(), key.data());
   std::vector<double> rel(G);
   for (int64_t g = 0; g < G; ++g) {
-    double k2 = 0, qk = 0;
-    for (int64_t c = g * d; c < (g + 1) * d; ++c) {
-      double q = 0, kv = 0;
-      const int64_t t0 = std::max<int64_t>(0, pad - c);
-      const int64_t t1 = std::min<int64_t>(k, C + pad - c);
-      for (int64_t t = t0; t < t1; ++t) {
-        const double v = pooled[c + t - pad];
-        q += double(kq[t]) * v;
-        kv += double(kk[t]) * v;
-      }
-      k2 += kv * kv;
-      qk += q * kv;
-    }
-    const double norm = std::sqrt(k2);
-    const double wv = std::exp(std::min(norm / double(norm_d[g]), max_log));
+    const auto [norm, qk] = head_norm_dot(q.data(), key.data(), g, C / G);
+    const double wv = std::exp(std::min(norm / double(h.norm_d[g]),
+                                        h.max_log));
     w[g] = T(wv);
     z_next[g] = z != nullptr ? T(double(z[g]) + wv) : T(wv);
-    rel[g] = qk / std::max(norm, key_eps);
+    rel[g] = qk / std::max(norm, h.key_eps);
   }
   for (int64_t g = 0; g < G; ++g) {
     double a = 0;
-    for (int64_t h = 0; h < G; ++h) a += double(gate_w[g * G + h]) * rel[h];
+    for (int64_t j = 0; j < G; ++j) a += double(h.gate_w[g * G + j]) * rel[j];
     gate[g] = T(1.0 / (1.0 + std::exp(-a)));
   }
 }
@@ -458,14 +491,15 @@ void heads_forward(const at::Tensor& pooled, const at::Tensor& z,
                    at::Tensor& w, at::Tensor& z_next, at::Tensor& gate,
                    double key_eps, double max_log_weight) {
   const int64_t B = pooled.size(0), C = pooled.size(1), G = w.size(1);
+  const HeadOperands<T> h(q_kernel, k_kernel, norm_d, gate_weight, key_eps,
+                          max_log_weight);
   const T* pz = data_ptr_or_null<T>(z);
+  std::vector<double> q(C), key(C);
   for (int64_t b = 0; b < B; ++b) {
-    sample_heads<T>(pooled.data_ptr<T>() + b * C, C, G,
-                    q_kernel.data_ptr<T>(), k_kernel.data_ptr<T>(),
-                    q_kernel.size(0), norm_d.data_ptr<T>(),
-                    gate_weight.data_ptr<T>(), pz ? pz + b * G : nullptr,
-                    key_eps, max_log_weight, w.data_ptr<T>() + b * G,
-                    z_next.data_ptr<T>() + b * G, gate.data_ptr<T>() + b * G);
+    sample_heads<T>(h, pooled.data_ptr<T>() + b * C, C, G,
+                    pz ? pz + b * G : nullptr, w.data_ptr<T>() + b * G,
+                    z_next.data_ptr<T>() + b * G, gate.data_ptr<T>() + b * G,
+                    q, key);
   }
 }
 
@@ -482,11 +516,11 @@ void heads_backward(const at::Tensor& pooled, const at::Tensor& q_kernel,
                     at::Tensor& grad_q_kernel, at::Tensor& grad_k_kernel,
                     at::Tensor& grad_gate_weight, double key_eps,
                     double max_log_weight) {
+  const HeadOperands<T> h(q_kernel, k_kernel, norm_d, gate_weight, key_eps,
+                          max_log_weight);
   const int64_t B = pooled.size(0), C = pooled.size(1), G = w.size(1);
-  const int64_t k = q_kernel.size(0), pad = (k - 1) / 2, d = C / G;
-  const T *pp = pooled.data_ptr<T>(), *kq = q_kernel.data_ptr<T>();
-  const T *kk = k_kernel.data_ptr<T>(), *nd = norm_d.data_ptr<T>();
-  const T *gw = gate_weight.data_ptr<T>(), *pw = w.data_ptr<T>();
+  const int64_t k = h.k, pad = (k - 1) / 2, d = C / G;
+  const T *pp = pooled.data_ptr<T>(), *pw = w.data_ptr<T>();
   const T *pg = gate.data_ptr<T>(), *pgw = grad_w.data_ptr<T>();
   const T* pgg = grad_gate.data_ptr<T>();
   T* pgp = grad_pooled.data_ptr<T>();
@@ -494,32 +528,21 @@ void heads_backward(const at::Tensor& pooled, const at::Tensor& q_kernel,
   std::vector<double> gkq(k, 0.0), gkk(k, 0.0), ggw(G * G, 0.0);
   for (int64_t b = 0; b < B; ++b) {
     const T* p = pp + b * C;
-    for (int64_t c = 0; c < C; ++c) {
-      double qv = 0, kv = 0;
-      for (int64_t t = std::max<int64_t>(0, pad - c);
-           t < std::min<int64_t>(k, C + pad - c); ++t) {
-        qv += double(kq[t]) * p[c + t - pad];
-        kv += double(kk[t]) * p[c + t - pad];
-      }
-      q[c] = qv;
-      key[c] = kv;
-    }
+    eca_pair<T>(h, p, C, q.data(), key.data());
     for (int64_t g = 0; g < G; ++g) {  // da = dL/d(gate logit)
       const double gt = pg[b * G + g];
       da[g] = double(pgg[b * G + g]) * gt * (1.0 - gt);
     }
     for (int64_t g = 0; g < G; ++g) {
-      double k2 = 0, qk = 0, dr = 0;
-      for (int64_t c = g * d; c < (g + 1) * d; ++c) {
-        k2 += key[c] * key[c];
-        qk += q[c] * key[c];
-      }
-      for (int64_t h = 0; h < G; ++h) dr += double(gw[h * G + g]) * da[h];
-      const double norm = std::sqrt(k2), den = std::max(norm, key_eps);
+      const auto [norm, qk] = head_norm_dot(q.data(), key.data(), g, d);
+      double dr = 0;
+      for (int64_t j = 0; j < G; ++j) dr += double(h.gate_w[j * G + g]) * da[j];
+      const double den = std::max(norm, key_eps);
       rel[g] = qk / den;
       double dn = 0;  // dL/d|K_g|
-      if (norm / double(nd[g]) <= max_log_weight) {
-        dn += double(pgw[b * G + g]) * double(pw[b * G + g]) / double(nd[g]);
+      if (norm / double(h.norm_d[g]) <= max_log_weight) {
+        dn += double(pgw[b * G + g]) * double(pw[b * G + g]) /
+              double(h.norm_d[g]);
       }
       if (norm >= key_eps) dn -= dr * qk / (den * den);
       const double dqk = dr / den, dkn = norm > 0 ? dn / norm : 0.0;
@@ -529,14 +552,14 @@ void heads_backward(const at::Tensor& pooled, const at::Tensor& q_kernel,
       }
     }
     for (int64_t g = 0; g < G; ++g) {
-      for (int64_t h = 0; h < G; ++h) ggw[g * G + h] += da[g] * rel[h];
+      for (int64_t j = 0; j < G; ++j) ggw[g * G + j] += da[g] * rel[j];
     }
     for (int64_t j = 0; j < C; ++j) {  // the ECA convs' transposes
       double gp = 0;
       for (int64_t t = std::max<int64_t>(0, j + pad - C + 1);
            t < std::min<int64_t>(k, j + pad + 1); ++t) {
         const int64_t c = j - t + pad;
-        gp += double(kq[t]) * dq[c] + double(kk[t]) * dk[c];
+        gp += double(h.kq[t]) * dq[c] + double(h.kk[t]) * dk[c];
         gkq[t] += dq[c] * p[j];
         gkk[t] += dk[c] * p[j];
       }
@@ -588,17 +611,18 @@ void layer_inference(at::Tensor& s, const at::Tensor& residual,
                              ps,
                              nullptr,
                              T(eps)};
+  const HeadOperands<T> h(q_kernel, k_kernel, norm_d, gate_weight, key_eps,
+                          max_log_weight);
   std::vector<T> pooled(dm.B * C);
+  std::vector<double> q(C), key(C);
   for (int64_t b = 0; b < dm.B; ++b) {
     at::parallel_for(b * C, (b + 1) * C, 1, [&](int64_t begin, int64_t end) {
       relu_pool_planes<T>(ps, pr, ptsc, ptsh, nullptr, pooled.data(), C,
                           dm.HW, begin, end);
     });
-    sample_heads<T>(pooled.data() + b * C, C, G, q_kernel.data_ptr<T>(),
-                    k_kernel.data_ptr<T>(), q_kernel.size(0),
-                    norm_d.data_ptr<T>(), gate_weight.data_ptr<T>(),
-                    pz ? pz + b * G : nullptr, key_eps, max_log_weight,
-                    pw + b * G, pzn + b * G, pg + b * G);
+    sample_heads<T>(h, pooled.data() + b * C, C, G,
+                    pz ? pz + b * G : nullptr, pw + b * G, pzn + b * G,
+                    pg + b * G, q, key);
     at::parallel_for(b * C, (b + 1) * C, 1, [&](int64_t begin, int64_t end) {
       forward_planes<T, true>(dm, a, begin, end);
     });
