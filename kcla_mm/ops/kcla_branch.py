@@ -151,15 +151,24 @@ class ReLUPoolFunction(Function):
         return grad_s, grad_s if ctx.has_residual else None
 
 
+def running_stats_momentum(norm: nn.BatchNorm2d) -> Optional[float]:
+    """Counts a training batch in ``norm.num_batches_tracked`` and returns
+    the momentum of its running-statistics update, as ``nn.BatchNorm2d``
+    does; None when ``norm`` keeps no running statistics."""
+    if not norm.track_running_stats or norm.running_mean is None:
+        return None
+    norm.num_batches_tracked.add_(1)
+    return norm.momentum if norm.momentum is not None else \
+        1.0 / float(norm.num_batches_tracked)
+
+
 def update_running_stats(norm: nn.BatchNorm2d, mean: Tensor, var: Tensor,
                          n: int) -> None:
     """nn.BatchNorm2d's running-statistics update from batch ``mean`` and
     biased ``var`` over ``n`` values per channel."""
-    if not norm.track_running_stats or norm.running_mean is None:
+    momentum = running_stats_momentum(norm)
+    if momentum is None:
         return
-    norm.num_batches_tracked.add_(1)
-    momentum = norm.momentum if norm.momentum is not None else \
-        1.0 / float(norm.num_batches_tracked)
     norm.running_mean.mul_(1 - momentum).add_(
         momentum * mean.to(norm.running_mean.dtype))
     norm.running_var.mul_(1 - momentum).add_(
@@ -203,7 +212,20 @@ class KCLABranchFunction(Function):
         u_next = u if state_in_place else torch.empty_like(x)
         out = x if out_in_place else torch.empty_like(x)
         mask = _bit_mask(x)
-        if use_batch_stats:
+        # the one-call kernels of the 'layer' group, where the running
+        # statistics (if any) have x's dtype
+        ctx.one_call = layer_supported(x) and (
+            norm.running_mean is None or norm.running_mean.dtype == x.dtype)
+        if use_batch_stats and ctx.one_call:
+            mean, invstd, scale, shift = x.new_empty((4, c)).unbind(0)
+            momentum = running_stats_momentum(norm)
+            running = (None, None) if momentum is None else \
+                (norm.running_mean, norm.running_var)
+            ext.kcla_branch_train_forward(
+                x, u, w, z, gate, weight, bn_weight.to(x.dtype),
+                bn_bias.to(x.dtype), *running, keep, u_next, out, mask, mean,
+                invstd, scale, shift, momentum or 0.0, norm.eps, eps)
+        elif use_batch_stats:
             stats = x.new_empty((b, c, 2))
             ext.kcla_branch_stats(x, u, w, z, gate, weight, u_next, stats, eps)
             mean, var = _combine_plane_stats(stats, h * w_)
@@ -244,42 +266,31 @@ class KCLABranchFunction(Function):
         if owned:
             u_next = ctx.tape_out.take()
         ext = get_ext()
-        b, c, h, w_ = out.shape
-        n = b * h * w_
         grad_out = torch.zeros_like(out) if grad_out is None else \
             grad_out.contiguous()
         if grad_u_next is not None:
             grad_u_next = grad_u_next.contiguous()
-        if ctx.use_batch_stats:  # the batch statistics depend on o
-            bn_sums = out.new_empty((b, c, 2))
-            ext.kcla_branch_bn_sums(grad_out, u_next, z, gate, weight, keep,
-                                    mask, mean, bn_sums, ctx.eps)
-            sum_grad, sum_grad_centered = bn_sums.sum(0).unbind(-1)
-            sum_grad_xhat = invstd * sum_grad_centered
-            alpha = (-scale * sum_grad / n).contiguous()
-            beta = (-scale * invstd * sum_grad_xhat / n).contiguous()
-        else:
-            alpha = beta = torch.zeros_like(scale)
         invert = saved_u is None and ctx.tape_in is not None
         u_prev = (u_next if owned else torch.empty_like(u_next)) \
             if invert else None
         grad_x = torch.empty_like(out)
         grad_u = torch.empty_like(out) if ctx.has_u else None
-        plane_bn_sums = out.new_empty((b, c, 2))
-        head_sums = out.new_empty((b, c, 3))
-        weight_sums = out.new_empty((b, c, 9))
-        ext.kcla_branch_backward(grad_out, grad_u_next, out, u_next, w, z,
-                                 gate, weight, scale, shift, keep, mask,
-                                 alpha, beta, mean, grad_x, grad_u, u_prev,
-                                 plane_bn_sums, head_sums, weight_sums,
-                                 ctx.eps)
-        if not ctx.use_batch_stats:
-            sum_grad, sum_grad_centered = plane_bn_sums.sum(0).unbind(-1)
-            sum_grad_xhat = invstd * sum_grad_centered
-        g = w.shape[1]
-        grad_w, grad_z, grad_gate = head_sums.view(b, g, c // g, 3).sum(
-            2).unbind(-1)
-        grad_weight = weight_sums.sum(0).view_as(weight)
+        if ctx.one_call:
+            grad_w, grad_z, grad_gate = w.new_empty((3, ) + w.shape).unbind(0)
+            grad_weight = torch.empty_like(weight)
+            sum_grad_xhat, sum_grad = scale.new_empty((2, ) +
+                                                      scale.shape).unbind(0)
+            ext.kcla_branch_train_backward(
+                grad_out, grad_u_next, out, u_next, w, z, gate, weight, scale,
+                shift, keep, mask, mean, invstd, grad_x, grad_u, u_prev,
+                grad_w, grad_z, grad_gate, grad_weight, sum_grad_xhat,
+                sum_grad, ctx.use_batch_stats, ctx.eps)
+        else:
+            (grad_w, grad_z, grad_gate, grad_weight, sum_grad_xhat,
+             sum_grad) = _branch_backward_per_kernel(
+                 ctx, grad_out, grad_u_next, out, u_next, w, z, gate, weight,
+                 keep, mask, mean, invstd, scale, shift, grad_x, grad_u,
+                 u_prev)
         if saved_u is not None:  # hand the previous layer its state
             ctx.tape_in.u = saved_u
         elif invert:  # ... recovered by inverting the running sum
@@ -287,6 +298,42 @@ class KCLABranchFunction(Function):
         return (grad_x, grad_u, grad_w, grad_z, grad_gate, grad_weight,
                 sum_grad_xhat.to(ctx.bn_dtype), sum_grad.to(ctx.bn_dtype),
                 None, None, None, None, None, None, None, None)
+
+
+def _branch_backward_per_kernel(ctx, grad_out, grad_u_next, out, u_next, w,
+                                z, gate, weight, keep, mask, mean, invstd,
+                                scale, shift, grad_x, grad_u, u_prev) -> tuple:
+    """KCLABranchFunction's backward with one kernel per pass (devices
+    without the 'layer' group) and the reductions in torch; returns the
+    gradients of w, z, gate, weight and BN's weight and bias."""
+    ext = get_ext()
+    b, c, h, w_ = out.shape
+    n = b * h * w_
+    if ctx.use_batch_stats:  # the batch statistics depend on o
+        bn_sums = out.new_empty((b, c, 2))
+        ext.kcla_branch_bn_sums(grad_out, u_next, z, gate, weight, keep,
+                                mask, mean, bn_sums, ctx.eps)
+        sum_grad, sum_grad_centered = bn_sums.sum(0).unbind(-1)
+        sum_grad_xhat = invstd * sum_grad_centered
+        alpha = (-scale * sum_grad / n).contiguous()
+        beta = (-scale * invstd * sum_grad_xhat / n).contiguous()
+    else:
+        alpha = beta = torch.zeros_like(scale)
+    plane_bn_sums = out.new_empty((b, c, 2))
+    head_sums = out.new_empty((b, c, 3))
+    weight_sums = out.new_empty((b, c, 9))
+    ext.kcla_branch_backward(grad_out, grad_u_next, out, u_next, w, z, gate,
+                             weight, scale, shift, keep, mask, alpha, beta,
+                             mean, grad_x, grad_u, u_prev, plane_bn_sums,
+                             head_sums, weight_sums, ctx.eps)
+    if not ctx.use_batch_stats:
+        sum_grad, sum_grad_centered = plane_bn_sums.sum(0).unbind(-1)
+        sum_grad_xhat = invstd * sum_grad_centered
+    g = w.shape[1]
+    grad_w, grad_z, grad_gate = head_sums.view(b, g, c // g, 3).sum(
+        2).unbind(-1)
+    grad_weight = weight_sums.sum(0).view_as(weight)
+    return grad_w, grad_z, grad_gate, grad_weight, sum_grad_xhat, sum_grad
 
 
 def kcla_branch(x: Tensor,

@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import kcla_mm.ops.kcla_branch as kcla_branch_mod
 from kcla_mm.ops import get_ext
 from kcla_mm.ops.kcla_branch import (kcla_branch, kcla_branch_inference,
                                      kcla_layer_inference, relu_pool)
@@ -64,15 +65,27 @@ def make_case(dtype=torch.float32, b=3, c=12, h=7, w=5, g=3, seed=0,
 
 
 def clone_norm(norm):
-    other = nn.BatchNorm2d(norm.num_features).to(norm.weight.dtype)
+    other = nn.BatchNorm2d(norm.num_features, momentum=norm.momentum,
+                           track_running_stats=norm.track_running_stats).to(
+                               norm.weight.dtype)
     other.load_state_dict(norm.state_dict())
     return other
+
+
+@pytest.fixture(params=['one_call', 'per_kernel'])
+def branch_path(request, monkeypatch):
+    """The CPU's one-call training kernels, or the per-kernel path (what
+    devices without the 'layer' group, CUDA, run) forced on the CPU."""
+    if request.param == 'per_kernel':
+        monkeypatch.setattr(kcla_branch_mod, 'layer_supported',
+                            lambda x: False)
+    return request.param
 
 
 @pytest.mark.parametrize('training', [True, False])
 @pytest.mark.parametrize('with_u', [True, False])
 def test_branch_matches_reference_values_grads_and_running_stats(
-        training, with_u):
+        training, with_u, branch_path):
     x, u, w, z, gate, weight, norm, keep = make_case(with_u=with_u)
     ref_norm = clone_norm(norm)
     norm.train(training)
@@ -96,7 +109,7 @@ def test_branch_matches_reference_values_grads_and_running_stats(
 
 
 @pytest.mark.parametrize('training', [True, False])
-def test_branch_gradcheck_float64(training):
+def test_branch_gradcheck_float64(training, branch_path):
     x, u, w, z, gate, weight, norm, keep = make_case(
         torch.float64, b=2, c=4, h=4, w=3, g=2)
     norm.train(training)
@@ -132,7 +145,7 @@ def test_inference_kernel_matches_reference_and_updates_in_place(with_u):
 
 
 @pytest.mark.parametrize('size', [(1, 1), (2, 9), (13, 1), (28, 28)])
-def test_odd_and_tiny_planes(size):
+def test_odd_and_tiny_planes(size, branch_path):
     x, u, w, z, gate, weight, norm, keep = make_case(
         b=2, c=4, h=size[0], w=size[1], g=2)
     norm.train()
@@ -301,6 +314,104 @@ def test_raw_branch_ops_name_bad_arguments():
             stats, x.new_empty((3, 12, 3)), x.new_empty((3, 12, 9)), EPS)
     with pytest.raises(RuntimeError, match="unknown op group 'fused'"):
         ext.device_types('fused')
+
+
+def check_branch_against_reference(case, training, seeds=1):
+    """Values, gradients (inputs, BN affine) and running statistics of
+    kcla_branch against reference_branch over `seeds` training steps."""
+    x, u, w, z, gate, weight, norm, keep = case
+    ref_norm = clone_norm(norm)
+    norm.train(training)
+    ref_norm.train(training)
+    leaves = [t.requires_grad_() for t in (x, u, w, z, gate, weight)
+              if t is not None]
+    for _ in range(seeds):
+        fused = kcla_branch(x, u, w, z, gate, weight, norm, keep, EPS)
+        ref = reference_branch(x, u, w, z, gate, weight, ref_norm, keep)
+        for a, b in zip(fused, ref):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        gen = torch.Generator().manual_seed(1)
+        grads = [torch.randn(t.shape, generator=gen) for t in fused]
+        g_fused = torch.autograd.grad(fused, leaves + [norm.weight,
+                                                       norm.bias], grads)
+        g_ref = torch.autograd.grad(ref, leaves + [ref_norm.weight,
+                                                   ref_norm.bias], grads)
+        for a, b in zip(g_fused, g_ref):
+            # float32 sums over up to B * H * W terms: round-off relative
+            # to the gradient's scale
+            torch.testing.assert_close(
+                a, b, rtol=1e-4, atol=1e-5 * max(1.0, b.abs().max().item()))
+        for name in ('running_mean', 'running_var', 'num_batches_tracked'):
+            torch.testing.assert_close(getattr(norm, name),
+                                       getattr(ref_norm, name))
+
+
+@pytest.mark.parametrize('training', [True, False])
+def test_branch_on_maps_larger_than_the_kept_conv_limit(training,
+                                                        branch_path):
+    """Maps over 4 MiB: the one-call kernels recompute the conv in their
+    second passes instead of keeping it."""
+    case = make_case(b=2, c=64, h=96, w=96, g=4)
+    assert case[0].numel() * 4 > 4 << 20
+    check_branch_against_reference(case, training)
+
+
+@pytest.mark.parametrize('momentum,track', [(None, True), (0.3, False)])
+def test_branch_running_stats_cumulative_and_untracked(momentum, track,
+                                                       branch_path):
+    """BN with momentum=None (a cumulative average) over three steps, and
+    without running statistics (batch statistics in eval mode too)."""
+    x, u, w, z, gate, weight, _, keep = make_case()
+    norm = nn.BatchNorm2d(12, momentum=momentum, track_running_stats=track)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-0.3, 0.3)
+    check_branch_against_reference((x, u, w, z, gate, weight, norm, keep),
+                                   training=True, seeds=3)
+    if not track:
+        check_branch_against_reference(
+            (x, u, w, z, gate, weight, norm, keep), training=False)
+
+
+def test_raw_one_call_training_ops_name_bad_arguments():
+    ext = get_ext()
+    x, u, w, z, gate, weight, norm, keep = make_case()
+    u_next, out, mask = torch.empty_like(x), torch.empty_like(x), \
+        relu_mask(x)
+    ch = [torch.ones(12) for _ in range(4)]
+    with pytest.raises(RuntimeError, match='kcla_branch_train_forward: '
+                       '`running_mean` and `running_var` must be given '
+                       'together'):
+        ext.kcla_branch_train_forward(
+            x, u, w, z, gate, weight, norm.weight.detach(),
+            norm.bias.detach(), norm.running_mean, None, keep, u_next, out,
+            mask, *ch, 0.1, 1e-5, EPS)
+    with pytest.raises(RuntimeError, match='argument `running_var` has '
+                       'dtype Double but `x` has dtype Float'):
+        ext.kcla_branch_train_forward(
+            x, u, w, z, gate, weight, norm.weight.detach(),
+            norm.bias.detach(), norm.running_mean, norm.running_var.double(),
+            keep, u_next, out, mask, *ch, 0.1, 1e-5, EPS)
+    with pytest.raises(RuntimeError, match='argument `invstd` must be '
+                       '\\(C,\\)'):
+        ext.kcla_branch_train_forward(
+            x, u, w, z, gate, weight, norm.weight.detach(),
+            norm.bias.detach(), None, None, keep, u_next, out, mask, ch[0],
+            torch.ones(5), ch[2], ch[3], 0.1, 1e-5, EPS)
+    grads = [torch.empty_like(w) for _ in range(3)]
+    with pytest.raises(RuntimeError, match='kcla_branch_train_backward: '
+                       'argument `grad_weight` must be \\(C, 1, 3, 3\\)'):
+        ext.kcla_branch_train_backward(
+            x, None, out, u_next, w, z, gate, weight, *ch[:2], keep, mask,
+            *ch[2:], torch.empty_like(x), None, None, *grads,
+            torch.empty(12, 9), torch.ones(12), torch.ones(12), True, EPS)
+    with pytest.raises(RuntimeError, match='argument `grad_gate` must have '
+                       'the shape of `w`'):
+        ext.kcla_branch_train_backward(
+            x, None, out, u_next, w, z, gate, weight, *ch[:2], keep, mask,
+            *ch[2:], torch.empty_like(x), None, None, *grads[:2],
+            torch.empty(3, 2), torch.empty_like(weight), torch.ones(12),
+            torch.ones(12), False, EPS)
 
 
 @pytest.mark.parametrize('with_residual', [False, True])

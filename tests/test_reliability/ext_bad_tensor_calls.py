@@ -62,7 +62,10 @@ def tensors():
         gate_out=hd(), pooled_in=torch.rand(B, C, **f),
         grad_pooled_out=torch.rand(B, C, **f), grad_gate=hd(),
         grad_q_kernel=torch.rand(3, **f), grad_k_kernel=torch.rand(3, **f),
-        grad_gate_weight=torch.rand(G, G, **f))
+        grad_gate_weight=torch.rand(G, G, **f), bn_weight=ch(),
+        bn_bias=ch(), running_mean=ch(), running_var=ch(), invstd=ch(),
+        grad_weight=torch.rand(C, 1, 3, 3, **f), grad_bn_weight=ch(),
+        grad_bn_bias=ch())
 
 
 ENTRIES = {
@@ -80,6 +83,14 @@ ENTRIES = {
     'kcla_branch_backward': 'grad_out grad_u_next out u_next w z gate weight '
                             'scale shift keep mask alpha beta mean grad_x '
                             'grad_u u_prev bn_sums head_sums weight_sums',
+    'kcla_branch_train_forward': 'x u w z gate weight bn_weight bn_bias '
+                                 'running_mean running_var keep u_next out '
+                                 'mask mean invstd scale shift',
+    'kcla_branch_train_backward': 'grad_out grad_u_next out u_next w z gate '
+                                  'weight scale shift keep mask mean invstd '
+                                  'grad_x grad_u u_prev grad_w grad_z '
+                                  'grad_gate grad_weight grad_bn_weight '
+                                  'grad_bn_bias',
     'kcla_layer_inference': 's residual tail_scale tail_shift u z q_kernel '
                             'k_kernel norm_d gate_weight weight scale shift '
                             'u_next w_out z_next gate_out',
@@ -90,6 +101,9 @@ ENTRIES = {
                            'grad_q_kernel grad_k_kernel grad_gate_weight',
 }
 NO_EPS = ('kcla_relu_pool_forward', 'kcla_relu_pool_backward')
+# scalars before eps: (momentum, bn_eps), batch_stats
+PRE_EPS = {'kcla_branch_train_forward': (0.1, 1e-5),
+           'kcla_branch_train_backward': (True,)}
 # scalars after eps (the heads ops take key_eps in its place)
 MORE_SCALARS = {'kcla_layer_inference': (1e-6, 10.0),
                 'kcla_heads_forward': (10.0,),
@@ -99,6 +113,7 @@ MORE_SCALARS = {'kcla_layer_inference': (1e-6, 10.0),
 def call(entry, names, case, change):
     args = tensors()
     args = [change(n, args[n]) for n in names.split()]
+    args += PRE_EPS.get(entry, ())
     if entry not in NO_EPS:
         args.append(EPS)
     args += MORE_SCALARS.get(entry, ())

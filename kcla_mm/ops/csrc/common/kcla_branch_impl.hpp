@@ -83,6 +83,37 @@ void kcla_branch_backward_impl(
     at::Tensor u_prev, at::Tensor bn_sums, at::Tensor head_sums,
     at::Tensor weight_sums, double eps);
 
+// The training forward with BN's batch statistics in one call (what
+// kcla_branch_stats, the statistics' fold and kcla_branch_apply do, the
+// conv computed once): u_next (may alias u), out (may alias x), mask;
+// mean, invstd (C,): the batch statistics; scale, shift (C,): BN folded
+// with bn_weight, bn_bias (C,). running_mean, running_var (C,) optional
+// (both or neither): updated as nn.BatchNorm2d does with `momentum` (the
+// unbiased variance).
+void kcla_branch_train_forward_impl(
+    const at::Tensor x, const at::Tensor u, const at::Tensor w,
+    const at::Tensor z, const at::Tensor gate, const at::Tensor weight,
+    const at::Tensor bn_weight, const at::Tensor bn_bias,
+    at::Tensor running_mean, at::Tensor running_var, const at::Tensor keep,
+    at::Tensor u_next, at::Tensor out, at::Tensor mask, at::Tensor mean,
+    at::Tensor invstd, at::Tensor scale, at::Tensor shift, double momentum,
+    double bn_eps, double eps);
+// The whole training backward in one call (what kcla_branch_bn_sums, BN's
+// gradient terms, kcla_branch_backward and the sums over batch and heads
+// do): grad_x, grad_u and u_prev as kcla_branch_backward; grad_w, grad_z,
+// grad_gate (B, G); grad_weight (C, 1, 3, 3); grad_bn_weight, grad_bn_bias
+// (C,). batch_stats: BN ran with batch statistics (mean, invstd of the
+// batch), else with running ones (alpha = beta = 0).
+void kcla_branch_train_backward_impl(
+    const at::Tensor grad_out, const at::Tensor grad_u_next,
+    const at::Tensor out, const at::Tensor u_next, const at::Tensor w,
+    const at::Tensor z, const at::Tensor gate, const at::Tensor weight,
+    const at::Tensor scale, const at::Tensor shift, const at::Tensor keep,
+    const at::Tensor mask, const at::Tensor mean, const at::Tensor invstd,
+    at::Tensor grad_x, at::Tensor grad_u, at::Tensor u_prev,
+    at::Tensor grad_w, at::Tensor grad_z, at::Tensor grad_gate,
+    at::Tensor grad_weight, at::Tensor grad_bn_weight,
+    at::Tensor grad_bn_bias, bool batch_stats, double eps);
 // A whole KCLALayer in inference (eval BN folded into scale, shift; keep =
 // 1), sample by sample:
 //   x = ReLU(tail_scale * s + tail_shift + residual)   (in place over s;
@@ -164,6 +195,24 @@ void kcla_branch_backward(
     const OptTensor u_prev, at::Tensor bn_sums, at::Tensor head_sums,
     at::Tensor weight_sums, double eps);
 
+void kcla_branch_train_forward(
+    const at::Tensor x, const OptTensor u, const at::Tensor w,
+    const at::Tensor z, const at::Tensor gate, const at::Tensor weight,
+    const at::Tensor bn_weight, const at::Tensor bn_bias,
+    const OptTensor running_mean, const OptTensor running_var,
+    const at::Tensor keep, at::Tensor u_next, at::Tensor out,
+    at::Tensor mask, at::Tensor mean, at::Tensor invstd, at::Tensor scale,
+    at::Tensor shift, double momentum, double bn_eps, double eps);
+void kcla_branch_train_backward(
+    const at::Tensor grad_out, const OptTensor grad_u_next,
+    const at::Tensor out, const at::Tensor u_next, const at::Tensor w,
+    const at::Tensor z, const at::Tensor gate, const at::Tensor weight,
+    const at::Tensor scale, const at::Tensor shift, const at::Tensor keep,
+    const at::Tensor mask, const at::Tensor mean, const at::Tensor invstd,
+    at::Tensor grad_x, const OptTensor grad_u, const OptTensor u_prev,
+    at::Tensor grad_w, at::Tensor grad_z, at::Tensor grad_gate,
+    at::Tensor grad_weight, at::Tensor grad_bn_weight,
+    at::Tensor grad_bn_bias, bool batch_stats, double eps);
 void kcla_layer_inference(
     at::Tensor s, const OptTensor residual, const OptTensor tail_scale,
     const OptTensor tail_shift, const OptTensor u, const OptTensor z,

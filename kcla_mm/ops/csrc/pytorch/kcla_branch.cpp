@@ -68,6 +68,37 @@ void kcla_branch_backward_impl(
                        head_sums, weight_sums, eps);
 }
 
+void kcla_branch_train_forward_impl(
+    const at::Tensor x, const at::Tensor u, const at::Tensor w,
+    const at::Tensor z, const at::Tensor gate, const at::Tensor weight,
+    const at::Tensor bn_weight, const at::Tensor bn_bias,
+    at::Tensor running_mean, at::Tensor running_var, const at::Tensor keep,
+    at::Tensor u_next, at::Tensor out, at::Tensor mask, at::Tensor mean,
+    at::Tensor invstd, at::Tensor scale, at::Tensor shift, double momentum,
+    double bn_eps, double eps) {
+  DISPATCH_DEVICE_IMPL(kcla_branch_train_forward_impl, x, u, w, z, gate,
+                       weight, bn_weight, bn_bias, running_mean, running_var,
+                       keep, u_next, out, mask, mean, invstd, scale, shift,
+                       momentum, bn_eps, eps);
+}
+
+void kcla_branch_train_backward_impl(
+    const at::Tensor grad_out, const at::Tensor grad_u_next,
+    const at::Tensor out, const at::Tensor u_next, const at::Tensor w,
+    const at::Tensor z, const at::Tensor gate, const at::Tensor weight,
+    const at::Tensor scale, const at::Tensor shift, const at::Tensor keep,
+    const at::Tensor mask, const at::Tensor mean, const at::Tensor invstd,
+    at::Tensor grad_x, at::Tensor grad_u, at::Tensor u_prev,
+    at::Tensor grad_w, at::Tensor grad_z, at::Tensor grad_gate,
+    at::Tensor grad_weight, at::Tensor grad_bn_weight,
+    at::Tensor grad_bn_bias, bool batch_stats, double eps) {
+  DISPATCH_DEVICE_IMPL(kcla_branch_train_backward_impl, grad_out, grad_u_next,
+                       out, u_next, w, z, gate, weight, scale, shift, keep,
+                       mask, mean, invstd, grad_x, grad_u, u_prev, grad_w,
+                       grad_z, grad_gate, grad_weight, grad_bn_weight,
+                       grad_bn_bias, batch_stats, eps);
+}
+
 void kcla_layer_inference_impl(
     at::Tensor s, const at::Tensor residual, const at::Tensor tail_scale,
     const at::Tensor tail_shift, const at::Tensor u, const at::Tensor z,
@@ -320,6 +351,83 @@ void kcla_branch_backward(
                             weight, scale, shift, keep, mask, alpha, beta,
                             mean, grad_x, grad_u_t, u_prev_t, bn_sums,
                             head_sums, weight_sums, eps);
+}
+
+void kcla_branch_train_forward(
+    const at::Tensor x, const OptTensor u, const at::Tensor w,
+    const at::Tensor z, const at::Tensor gate, const at::Tensor weight,
+    const at::Tensor bn_weight, const at::Tensor bn_bias,
+    const OptTensor running_mean, const OptTensor running_var,
+    const at::Tensor keep, at::Tensor u_next, at::Tensor out,
+    at::Tensor mask, at::Tensor mean, at::Tensor invstd, at::Tensor scale,
+    at::Tensor shift, double momentum, double bn_eps, double eps) {
+  const char* op = "kcla_branch_train_forward";
+  FeatureArgChecker ck(op, x, w);
+  const at::Tensor u_t = optional_tensor(u);
+  const at::Tensor running_mean_t = optional_tensor(running_mean);
+  const at::Tensor running_var_t = optional_tensor(running_var);
+  ck.map(u_t, "u");
+  check_branch_args(ck, z, gate, weight);
+  ck.channels(bn_weight, "bn_weight");
+  ck.channels(bn_bias, "bn_bias");
+  TORCH_CHECK(running_mean_t.defined() == running_var_t.defined(), op,
+              ": `running_mean` and `running_var` must be given together");
+  if (running_mean_t.defined()) {
+    ck.channels(running_mean_t, "running_mean");
+    ck.channels(running_var_t, "running_var");
+  }
+  ck.batch(keep, "keep");
+  ck.map(u_next, "u_next");
+  ck.map(out, "out");
+  ck.relu_mask(mask, "mask");
+  for (const auto& t : {std::make_pair(&mean, "mean"),
+                        std::make_pair(&invstd, "invstd"),
+                        std::make_pair(&scale, "scale"),
+                        std::make_pair(&shift, "shift")}) {
+    ck.channels(*t.first, t.second);
+  }
+  kcla_branch_train_forward_impl(x, u_t, w, z, gate, weight, bn_weight,
+                                 bn_bias, running_mean_t, running_var_t, keep,
+                                 u_next, out, mask, mean, invstd, scale, shift,
+                                 momentum, bn_eps, eps);
+}
+
+void kcla_branch_train_backward(
+    const at::Tensor grad_out, const OptTensor grad_u_next,
+    const at::Tensor out, const at::Tensor u_next, const at::Tensor w,
+    const at::Tensor z, const at::Tensor gate, const at::Tensor weight,
+    const at::Tensor scale, const at::Tensor shift, const at::Tensor keep,
+    const at::Tensor mask, const at::Tensor mean, const at::Tensor invstd,
+    at::Tensor grad_x, const OptTensor grad_u, const OptTensor u_prev,
+    at::Tensor grad_w, at::Tensor grad_z, at::Tensor grad_gate,
+    at::Tensor grad_weight, at::Tensor grad_bn_weight,
+    at::Tensor grad_bn_bias, bool batch_stats, double eps) {
+  FeatureArgChecker ck("kcla_branch_train_backward", out, w, false, "out");
+  const at::Tensor grad_u_next_t = optional_tensor(grad_u_next);
+  const at::Tensor grad_u_t = optional_tensor(grad_u);
+  const at::Tensor u_prev_t = optional_tensor(u_prev);
+  ck.map(grad_out, "grad_out");
+  ck.map(grad_u_next_t, "grad_u_next");
+  ck.map(u_next, "u_next");
+  check_branch_args(ck, z, gate, weight);
+  check_bn_args(ck, scale, shift, keep);
+  ck.relu_mask(mask, "mask");
+  ck.channels(mean, "mean");
+  ck.channels(invstd, "invstd");
+  ck.map(grad_x, "grad_x");
+  ck.map(grad_u_t, "grad_u");
+  ck.map(u_prev_t, "u_prev");
+  ck.heads(grad_w, "grad_w");
+  ck.heads(grad_z, "grad_z");
+  ck.heads(grad_gate, "grad_gate");
+  ck.kernel(grad_weight, "grad_weight");
+  ck.channels(grad_bn_weight, "grad_bn_weight");
+  ck.channels(grad_bn_bias, "grad_bn_bias");
+  kcla_branch_train_backward_impl(
+      grad_out, grad_u_next_t, out, u_next, w, z, gate, weight, scale, shift,
+      keep, mask, mean, invstd, grad_x, grad_u_t, u_prev_t, grad_w, grad_z,
+      grad_gate, grad_weight, grad_bn_weight, grad_bn_bias, batch_stats,
+      eps);
 }
 
 void kcla_layer_inference(

@@ -10,7 +10,8 @@
 
 // Device types ("cpu", "cuda") with a compiled implementation of every op
 // of a group: "state" (kcla_state_*), "branch" (kcla_relu_pool_*,
-// kcla_branch_*) or "layer" (kcla_layer_inference, kcla_heads_*).
+// kcla_branch_*) or "layer" (kcla_branch_train_*, kcla_layer_inference,
+// kcla_heads_*).
 std::vector<std::string> device_types(const std::string& group) {
   std::vector<std::string> types;
   for (auto type : {at::kCPU, at::kCUDA}) {
@@ -31,6 +32,10 @@ std::vector<std::string> device_types(const std::string& group) {
           DEVICE_REGISTRY(kcla_branch_backward_impl).Find(type) != nullptr;
     } else if (group == "layer") {
       has_all =
+          DEVICE_REGISTRY(kcla_branch_train_forward_impl).Find(type) !=
+              nullptr &&
+          DEVICE_REGISTRY(kcla_branch_train_backward_impl).Find(type) !=
+              nullptr &&
           DEVICE_REGISTRY(kcla_layer_inference_impl).Find(type) != nullptr &&
           DEVICE_REGISTRY(kcla_heads_forward_impl).Find(type) != nullptr &&
           DEVICE_REGISTRY(kcla_heads_backward_impl).Find(type) != nullptr;
@@ -100,6 +105,28 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("mean"), py::arg("grad_x"), py::arg("grad_u"),
         py::arg("u_prev"), py::arg("bn_sums"), py::arg("head_sums"),
         py::arg("weight_sums"), py::arg("eps"));
+  m.def("kcla_branch_train_forward", &kcla_branch_train_forward,
+        "the training branch with BN's batch statistics in one call: "
+        "u_next, out, mask, the statistics and BN folded; running "
+        "statistics updated",
+        py::arg("x"), py::arg("u"), py::arg("w"), py::arg("z"),
+        py::arg("gate"), py::arg("weight"), py::arg("bn_weight"),
+        py::arg("bn_bias"), py::arg("running_mean"), py::arg("running_var"),
+        py::arg("keep"), py::arg("u_next"), py::arg("out"), py::arg("mask"),
+        py::arg("mean"), py::arg("invstd"), py::arg("scale"),
+        py::arg("shift"), py::arg("momentum"), py::arg("bn_eps"),
+        py::arg("eps"));
+  m.def("kcla_branch_train_backward", &kcla_branch_train_backward,
+        "the whole training backward of the branch in one call, gradients "
+        "reduced over batch and heads",
+        py::arg("grad_out"), py::arg("grad_u_next"), py::arg("out"),
+        py::arg("u_next"), py::arg("w"), py::arg("z"), py::arg("gate"),
+        py::arg("weight"), py::arg("scale"), py::arg("shift"),
+        py::arg("keep"), py::arg("mask"), py::arg("mean"), py::arg("invstd"),
+        py::arg("grad_x"), py::arg("grad_u"), py::arg("u_prev"),
+        py::arg("grad_w"), py::arg("grad_z"), py::arg("grad_gate"),
+        py::arg("grad_weight"), py::arg("grad_bn_weight"),
+        py::arg("grad_bn_bias"), py::arg("batch_stats"), py::arg("eps"));
   m.def("kcla_layer_inference", &kcla_layer_inference,
         "a whole KCLA layer in inference: ReLU(tail affine + residual) and "
         "GAP, the heads, then the branch; out over s, u_next may alias u",

@@ -45,6 +45,10 @@ REGISTER_DEVICE_IMPL(kcla_branch_bn_sums_impl, CPU,
                      cpu_kernels().branch_bn_sums);
 REGISTER_DEVICE_IMPL(kcla_branch_backward_impl, CPU,
                      cpu_kernels().branch_backward);
+REGISTER_DEVICE_IMPL(kcla_branch_train_forward_impl, CPU,
+                     cpu_kernels().branch_train_forward);
+REGISTER_DEVICE_IMPL(kcla_branch_train_backward_impl, CPU,
+                     cpu_kernels().branch_train_backward);
 REGISTER_DEVICE_IMPL(kcla_layer_inference_impl, CPU,
                      cpu_kernels().layer_inference);
 REGISTER_DEVICE_IMPL(kcla_heads_forward_impl, CPU, cpu_kernels().heads_forward);

@@ -12,6 +12,8 @@ struct BranchKernels {
   decltype(&kcla_branch_apply_impl) branch_apply;
   decltype(&kcla_branch_bn_sums_impl) branch_bn_sums;
   decltype(&kcla_branch_backward_impl) branch_backward;
+  decltype(&kcla_branch_train_forward_impl) branch_train_forward;
+  decltype(&kcla_branch_train_backward_impl) branch_train_backward;
   decltype(&kcla_layer_inference_impl) layer_inference;
   decltype(&kcla_heads_forward_impl) heads_forward;
   decltype(&kcla_heads_backward_impl) heads_backward;

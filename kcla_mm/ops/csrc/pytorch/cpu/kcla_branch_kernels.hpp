@@ -5,14 +5,14 @@
 // first (so only the code of this file is built for its ISA); hence no
 // include guard.
 //
-// One task per (b, c) plane. A plane is copied into a zero-padded scratch
-// buffer of row stride Wp = W + 2, so the 3x3 depthwise convolution and its
-// gradients become flat, branch-free loops over H * Wp elements that
-// vectorise for any plane size (the two extra columns per row are computed
-// and discarded); the element-wise parts are flat loops over the plane, with
-// bit masks unpacked to / packed from one byte per element. Sums over a
-// plane are accumulated in T and written per plane; the callers reduce over
-// batch and heads (in double).
+// One task per (b, c) plane. A plane is copied into a flat buffer with a
+// zero row (and one more zero) on each side, so the 3x3 depthwise
+// convolution and its gradients become flat, branch-free loops over the
+// H * W values that vectorise for any plane size (per-column 0/1 masks drop
+// the neighbours a flat index finds across a row's ends); the element-wise
+// parts are flat loops over the plane, with bit masks unpacked to / packed
+// from one byte per element. Sums over a plane are accumulated in T and
+// written per plane; the callers reduce over batch and heads (in double).
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
@@ -39,67 +39,91 @@ struct Dims {
   }
 };
 
+// The one-call training kernels keep each plane's conv for their second
+// pass only for maps up to this size, which are still in cache when that
+// pass reads them; larger maps recompute it from u_next, which costs less
+// than writing the conv out and reading it back from memory.
+constexpr int64_t kKeepConvMaxBytes = int64_t(4) << 20;
+
+// A scratch (B, C, H, W) buffer like x for the kept conv, or undefined.
+inline at::Tensor kept_conv(const at::Tensor& x) {
+  return x.numel() * x.element_size() <= kKeepConvMaxBytes
+             ? at::empty_like(x)
+             : at::Tensor();
+}
+
 template <typename T>
-struct PaddedPlane {
-  // the flat loops run over n = H * Wp rounded up to whole 8-lane vectors
-  // (no scalar remainder on small planes); the slack is zero
+struct FlatPlane {
+  // the flat loops run over n = H * W rounded up to whole 8-lane vectors
+  // (no scalar remainder in the conv loops); the slack is zero
   static constexpr int64_t kLanes = 8;
-  int64_t H, W, Wp, n;
-  std::vector<T> pad;  // (H + 2) x Wp, plus slack for the n - H * Wp tail
-  std::vector<T> out;  // H x Wp, plus the tail
-  PaddedPlane(int64_t h, int64_t w)
-      : H(h), W(w), Wp(w + 2),
-        n((h * (w + 2) + kLanes - 1) / kLanes * kLanes),
-        pad((h + 2) * (w + 2) + 2 + kLanes, T(0)), out(n, T(0)) {}
-  // interior element (i, j) of the padded input
-  T* row(int64_t i) { return pad.data() + (i + 1) * Wp + 1; }
-  // the interior read as H rows of Wp whose two extra columns are the zero
-  // border (and a zero tail): the layout of `out` and of
-  // conv3x3_weight_grad's gradient
-  const T* interior() const { return pad.data() + Wp + 1; }
+  int64_t W, hw, n;
+  std::vector<T> buf;    // W + 1 zeros, the plane (n values), W + 1 zeros
+  std::vector<T> left;   // n: 0 in column 0 and the slack, else 1
+  std::vector<T> right;  // n: 0 in column W - 1 and the slack, else 1
+  std::vector<T> out;    // n: the conv output (its slack unspecified)
+  FlatPlane(int64_t h, int64_t w)
+      : W(w), hw(h * w), n((h * w + kLanes - 1) / kLanes * kLanes),
+        buf(n + 2 * (w + 1), T(0)), left(n, T(0)), right(n, T(0)),
+        out(n, T(0)) {
+    for (int64_t i = 0; i < hw; ++i) {
+      left[i] = T(i % W != 0);
+      right[i] = T(i % W != W - 1);
+    }
+  }
+  // the plane, row-major; the values around it (and its slack) stay zero
+  T* data() { return buf.data() + W + 1; }
+  const T* data() const { return buf.data() + W + 1; }
 };
 
-// p.out[i * Wp + j] = sum_{k,l} w9[3k+l] * p.pad[(i + k) * Wp + j + l],
-// i.e. the zero-padded 3x3 convolution of the plane held in p.pad.
+// p.out[i] = sum_{k,l} w9[3k+l] * p(i / W + k - 1, i % W + l - 1), i.e. the
+// zero-padded 3x3 convolution of the plane: rows outside it read the zero
+// guards, and the column masks drop what a flat index would read across a
+// row's ends. With the plane zero outside it, the same call with the flipped
+// kernel is the exact transpose.
 template <typename T>
-inline void conv3x3(PaddedPlane<T>& p, const T* w9) {
-  const int64_t n = p.n;
+inline void conv3x3(FlatPlane<T>& p, const T* w9) {
+  const int64_t n = p.n, W = p.W;
   T* __restrict__ out = p.out.data();
-  const T* __restrict__ src = p.pad.data();
+  const T* __restrict__ a = p.data();
+  const T* __restrict__ ml = p.left.data();
+  const T* __restrict__ mr = p.right.data();
   const T w0 = w9[0], w1 = w9[1], w2 = w9[2], w3 = w9[3], w4 = w9[4],
           w5 = w9[5], w6 = w9[6], w7 = w9[7], w8 = w9[8];
-  const int64_t r1 = p.Wp, r2 = 2 * p.Wp;
   for (int64_t i = 0; i < n; ++i) {
-    out[i] = w0 * src[i] + w1 * src[i + 1] + w2 * src[i + 2] +
-             w3 * src[i + r1] + w4 * src[i + r1 + 1] + w5 * src[i + r1 + 2] +
-             w6 * src[i + r2] + w7 * src[i + r2 + 1] + w8 * src[i + r2 + 2];
+    const T l = w0 * a[i - W - 1] + w3 * a[i - 1] + w6 * a[i + W - 1];
+    const T c = w1 * a[i - W] + w4 * a[i] + w7 * a[i + W];
+    const T r = w2 * a[i - W + 1] + w5 * a[i + 1] + w8 * a[i + W + 1];
+    out[i] = ml[i] * l + c + mr[i] * r;
   }
 }
 
-// gw9[3k+l] = sum_{i,j} g[i * Wp + j] * p.pad[(i + k) * Wp + j + l], for g
-// in the H x Wp layout with its two extra columns and tail zero. One pass
-// with 9 x kLanes independent accumulators (nine single-accumulator dot
-// products would each wait on the FMA latency).
+// gw9[3k+l] = sum_i g[i] * p(i / W + k - 1, i % W + l - 1) over the plane,
+// for g (n values) with a zero slack. One pass with 9 x kLanes independent
+// accumulators (nine single-accumulator dot products would each wait on the
+// FMA latency).
 template <typename T>
 inline void conv3x3_weight_grad(const T* __restrict__ g,
-                                const PaddedPlane<T>& p, T* gw9) {
-  constexpr int64_t L = PaddedPlane<T>::kLanes;  // p.n is a multiple of L
-  const int64_t n = p.n, r1 = p.Wp, r2 = 2 * p.Wp;
-  const T* __restrict__ src = p.pad.data();
+                                const FlatPlane<T>& p, T* gw9) {
+  constexpr int64_t L = FlatPlane<T>::kLanes;  // p.n is a multiple of L
+  const int64_t n = p.n, W = p.W;
+  const T* __restrict__ a = p.data();
+  const T* __restrict__ ml = p.left.data();
+  const T* __restrict__ mr = p.right.data();
   T acc[9][L] = {};
   for (int64_t i0 = 0; i0 < n; i0 += L) {
     for (int64_t l = 0; l < L; ++l) {
       const int64_t i = i0 + l;
-      const T gv = g[i];
-      acc[0][l] += gv * src[i];
-      acc[1][l] += gv * src[i + 1];
-      acc[2][l] += gv * src[i + 2];
-      acc[3][l] += gv * src[i + r1];
-      acc[4][l] += gv * src[i + r1 + 1];
-      acc[5][l] += gv * src[i + r1 + 2];
-      acc[6][l] += gv * src[i + r2];
-      acc[7][l] += gv * src[i + r2 + 1];
-      acc[8][l] += gv * src[i + r2 + 2];
+      const T gv = g[i], gl = gv * ml[i], gr = gv * mr[i];
+      acc[0][l] += gl * a[i - W - 1];
+      acc[1][l] += gv * a[i - W];
+      acc[2][l] += gr * a[i - W + 1];
+      acc[3][l] += gl * a[i - 1];
+      acc[4][l] += gv * a[i];
+      acc[5][l] += gr * a[i + 1];
+      acc[6][l] += gl * a[i + W - 1];
+      acc[7][l] += gv * a[i + W];
+      acc[8][l] += gr * a[i + W + 1];
     }
   }
   for (int k = 0; k < 9; ++k) {
@@ -115,61 +139,41 @@ inline void flip3x3(const T* w9, T* flipped) {
   for (int i = 0; i < 9; ++i) flipped[i] = w9[8 - i];
 }
 
-// The plane src * scale into the padded buffer.
+// The plane src * scale into dst.
 template <typename T>
-inline void load_plane(const T* __restrict__ src, PaddedPlane<T>& dst,
+inline void load_plane(const T* __restrict__ src, FlatPlane<T>& dst,
                        T scale) {
-  const int64_t H = dst.H, W = dst.W;
-  for (int64_t i = 0; i < H; ++i) {
-    T* __restrict__ row = dst.row(i);
-    const T* __restrict__ src_row = src + i * W;
-    for (int64_t j = 0; j < W; ++j) row[j] = src_row[j] * scale;
-  }
+  T* __restrict__ d = dst.data();
+  for (int64_t i = 0; i < dst.hw; ++i) d[i] = src[i] * scale;
 }
 
 // u_next = u + w x (u may be u_next: in place) and u_next / (z + eps) into
-// the padded plane. In-place cases get their own loops: a runtime overlap
+// the plane agg. In-place cases get their own loops: a runtime overlap
 // check would send them to scalar code.
 template <typename T>
 inline void update_plane(const T* __restrict__ x, const T* u, T* u_next,
-                         PaddedPlane<T>& agg, T wv, T inv) {
-  const int64_t H = agg.H, W = agg.W;
-  for (int64_t i = 0; i < H; ++i) {
-    T* __restrict__ row = agg.row(i);
-    T* __restrict__ un = u_next + i * W;
-    const T* __restrict__ xr = x + i * W;
-    if (u == u_next) {
-      for (int64_t j = 0; j < W; ++j) {
-        un[j] += wv * xr[j];
-        row[j] = un[j] * inv;
-      }
-    } else if (u != nullptr) {
-      const T* __restrict__ ur = u + i * W;
-      for (int64_t j = 0; j < W; ++j) {
-        const T v = ur[j] + wv * xr[j];
-        un[j] = v;
-        row[j] = v * inv;
-      }
-    } else {
-      for (int64_t j = 0; j < W; ++j) {
-        const T v = wv * xr[j];
-        un[j] = v;
-        row[j] = v * inv;
-      }
+                         FlatPlane<T>& agg, T wv, T inv) {
+  const int64_t hw = agg.hw;
+  T* __restrict__ a = agg.data();
+  T* __restrict__ un = u_next;
+  if (u == u_next) {
+    for (int64_t i = 0; i < hw; ++i) {
+      un[i] += wv * x[i];
+      a[i] = un[i] * inv;
     }
-  }
-}
-
-// dst[i * W + j] = scale * conv output (i, j): the conv result, compact.
-template <typename T>
-inline void compact_output(const PaddedPlane<T>& p, T* __restrict__ dst,
-                           T scale) {
-  const int64_t H = p.H, W = p.W, Wp = p.Wp;
-  const T* __restrict__ conv = p.out.data();
-  for (int64_t i = 0; i < H; ++i) {
-    const T* __restrict__ src = conv + i * Wp;
-    T* __restrict__ dst_row = dst + i * W;
-    for (int64_t j = 0; j < W; ++j) dst_row[j] = scale * src[j];
+  } else if (u != nullptr) {
+    const T* __restrict__ ur = u;
+    for (int64_t i = 0; i < hw; ++i) {
+      const T v = ur[i] + wv * x[i];
+      un[i] = v;
+      a[i] = v * inv;
+    }
+  } else {
+    for (int64_t i = 0; i < hw; ++i) {
+      const T v = wv * x[i];
+      un[i] = v;
+      a[i] = v * inv;
+    }
   }
 }
 
@@ -214,10 +218,9 @@ inline void pack_bits(const uint8_t* __restrict__ on, int64_t hw,
 // Per-thread scratch of one plane.
 template <typename T>
 struct Scratch {
-  PaddedPlane<T> agg;
-  std::vector<T> conv;      // H * W: the conv output, compact
+  FlatPlane<T> agg;         // the aggregate; its conv output
   std::vector<uint8_t> on;  // H * W: a mask, one byte per element
-  explicit Scratch(const Dims& dm) : agg(dm.H, dm.W), conv(dm.HW), on(dm.HW) {}
+  explicit Scratch(const Dims& dm) : agg(dm.H, dm.W), on(dm.HW) {}
 };
 
 // ReLU(sc * v + sh + res) over one plane of n values, in place, with its
@@ -305,53 +308,77 @@ void relu_pool_backward(const at::Tensor& grad_x, const at::Tensor& grad_pooled,
   });
 }
 
-template <typename T>
-void branch_stats(const at::Tensor& x, const at::Tensor& u, const at::Tensor& w,
-                  const at::Tensor& z, const at::Tensor& gate,
-                  const at::Tensor& weight, at::Tensor& u_next,
-                  at::Tensor& stats, double eps) {
-  const Dims dm(x, w.size(1));
-  const T *px = x.data_ptr<T>(), *pu = data_ptr_or_null<T>(u);
-  const T *pw = w.data_ptr<T>(), *pz = z.data_ptr<T>();
-  const T *pg = gate.data_ptr<T>(), *pk = weight.data_ptr<T>();
-  T *pun = u_next.data_ptr<T>(), *pst = stats.data_ptr<T>();
-  at::parallel_for(0, dm.B * dm.C, 1, [&](int64_t begin, int64_t end) {
-    Scratch<T> s(dm);
-    const int64_t hw = dm.HW;  // a local: byte stores may alias dm
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t n = dm.head(p), off = p * hw;
-      update_plane<T>(px + off, pu ? pu + off : nullptr, pun + off, s.agg,
-                      pw[n], T(1) / (pz[n] + T(eps)));
-      conv3x3<T>(s.agg, pk + (p % dm.C) * 9);
-      compact_output<T>(s.agg, s.conv.data(), pg[n]);
-      const T* __restrict__ o = s.conv.data();
-      T sum = 0, m2 = 0;
-      for (int64_t i = 0; i < hw; ++i) sum += o[i];
-      const T mu = sum / T(hw);
-      for (int64_t i = 0; i < hw; ++i) m2 += (o[i] - mu) * (o[i] - mu);
-      pst[2 * p] = mu;
-      pst[2 * p + 1] = m2;
-    }
-  });
-}
-
-// The operands of branch_forward (optional ones null).
+// The operands of the forward kernels (optional ones null). conv (B, C, H,
+// W), optional: each plane's DWConv3x3(u_next / (z + eps)) before the gate,
+// written by stats_planes and read by forward_planes<T, false> instead of
+// recomputing it.
 template <typename T>
 struct ForwardOperands {
   const T *x, *u, *w, *z, *gate, *weight, *scale, *shift, *keep;
   T *u_next, *out;
   uint8_t* mask;
   T eps;
+  T* conv;
 };
 
+// branch_stats over planes [begin, end): u_next, and stats[p] = (mean, sum
+// of squared deviations) of o over plane p; conv, if given.
+template <typename T>
+void stats_planes(const Dims& dm, const ForwardOperands<T>& a, T* stats,
+                  int64_t begin, int64_t end) {
+  // operands in locals: the byte stores below may alias `a` and `dm`
+  const T *px = a.x, *pu = a.u, *pw = a.w, *pz = a.z, *pg = a.gate;
+  const T* pk = a.weight;
+  T *pun = a.u_next, *pconv = a.conv;
+  const T eps = a.eps;
+  const int64_t hw = dm.HW, C = dm.C;
+  Scratch<T> s(dm);
+  for (int64_t p = begin; p < end; ++p) {
+    const int64_t n = dm.head(p), off = p * hw;
+    update_plane<T>(px + off, pu ? pu + off : nullptr, pun + off, s.agg,
+                    pw[n], T(1) / (pz[n] + eps));
+    conv3x3<T>(s.agg, pk + (p % C) * 9);
+    const T* __restrict__ cv = s.agg.out.data();
+    if (pconv != nullptr) std::memcpy(pconv + off, cv, hw * sizeof(T));
+    const T gt = pg[n];
+    T sum = 0, m2 = 0;
+    for (int64_t i = 0; i < hw; ++i) sum += gt * cv[i];
+    const T mu = sum / T(hw);
+    for (int64_t i = 0; i < hw; ++i) {
+      const T o = gt * cv[i] - mu;
+      m2 += o * o;
+    }
+    stats[2 * p] = mu;
+    stats[2 * p + 1] = m2;
+  }
+}
+
+template <typename T>
+void branch_stats(const at::Tensor& x, const at::Tensor& u, const at::Tensor& w,
+                  const at::Tensor& z, const at::Tensor& gate,
+                  const at::Tensor& weight, at::Tensor& u_next,
+                  at::Tensor& stats, double eps) {
+  const Dims dm(x, w.size(1));
+  const ForwardOperands<T> a{x.data_ptr<T>(), data_ptr_or_null<T>(u),
+                             w.data_ptr<T>(), z.data_ptr<T>(),
+                             gate.data_ptr<T>(), weight.data_ptr<T>(),
+                             nullptr, nullptr, nullptr, u_next.data_ptr<T>(),
+                             nullptr, nullptr, T(eps), nullptr};
+  T* pst = stats.data_ptr<T>();
+  at::parallel_for(0, dm.B * dm.C, 1, [&](int64_t begin, int64_t end) {
+    stats_planes<T>(dm, a, pst, begin, end);
+  });
+}
+
 // branch_forward over planes [begin, end): Update = true from x and u, else
-// (apply) from u_next.
+// (apply) from u_next, or from a.conv where given.
 template <typename T, bool Update>
 void forward_planes(const Dims& dm, const ForwardOperands<T>& a,
                     int64_t begin, int64_t end) {
   // operands in locals: the byte stores below may alias `a` and `dm`
   const T *px = a.x, *pu = a.u, *pw = a.w, *pz = a.z, *pg = a.gate;
   const T *pk = a.weight, *ps = a.scale, *pb = a.shift, *pkeep = a.keep;
+  const T* pconv = Update ? nullptr : a.conv;
   T *pun = a.u_next, *pout = a.out;
   uint8_t* pmask = a.mask;
   const T eps = a.eps;
@@ -359,30 +386,34 @@ void forward_planes(const Dims& dm, const ForwardOperands<T>& a,
   Scratch<T> s(dm);
   for (int64_t p = begin; p < end; ++p) {
     const int64_t c = p % C, n = dm.head(p), off = p * hw;
-    const T inv = T(1) / (pz[n] + eps);
-    if (Update) {
-      update_plane<T>(px + off, pu ? pu + off : nullptr, pun + off, s.agg,
-                      pw[n], inv);
+    const T* __restrict__ cv = s.agg.out.data();
+    if (pconv != nullptr) {
+      cv = pconv + off;
     } else {
-      load_plane<T>(pun + off, s.agg, inv);
+      const T inv = T(1) / (pz[n] + eps);
+      if (Update) {
+        update_plane<T>(px + off, pu ? pu + off : nullptr, pun + off, s.agg,
+                        pw[n], inv);
+      } else {
+        load_plane<T>(pun + off, s.agg, inv);
+      }
+      conv3x3<T>(s.agg, pk + c * 9);
     }
-    conv3x3<T>(s.agg, pk + c * 9);
     // y = scale * gate * conv + shift; out = x + keep * ReLU(y)
-    compact_output<T>(s.agg, s.conv.data(), ps[c] * pg[n]);
-    const T sh = pb[c], kp = pkeep ? pkeep[p / C] : T(1);
-    const T* __restrict__ y = s.conv.data();
+    const T scg = ps[c] * pg[n], sh = pb[c];
+    const T kp = pkeep ? pkeep[p / C] : T(1);
     uint8_t* __restrict__ on = s.on.data();
     T* __restrict__ op = pout + off;
     if (pout == px) {  // out over x, in place
       for (int64_t i = 0; i < hw; ++i) {
-        const T v = y[i] + sh;
+        const T v = scg * cv[i] + sh;
         op[i] += kp * std::max(v, T(0));
         on[i] = v > T(0);
       }
     } else {
       const T* __restrict__ xp = px + off;
       for (int64_t i = 0; i < hw; ++i) {
-        const T v = y[i] + sh;
+        const T v = scg * cv[i] + sh;
         op[i] = xp[i] + kp * std::max(v, T(0));
         on[i] = v > T(0);
       }
@@ -406,9 +437,81 @@ void branch_forward(const at::Tensor& x, const at::Tensor& u,
       scale.data_ptr<T>(),     shift.data_ptr<T>(),
       data_ptr_or_null<T>(keep), u_next.data_ptr<T>(),
       out.data_ptr<T>(),       data_ptr_or_null<uint8_t>(mask),
-      T(eps)};
+      T(eps),                  nullptr};
   at::parallel_for(0, dm.B * dm.C, 1, [&](int64_t begin, int64_t end) {
     forward_planes<T, Update>(dm, a, begin, end);
+  });
+}
+
+// BN's batch statistics per channel from stats (B, C, 2) (Chan et al.'s
+// parallel combination, in double): mean and invstd, the folded scale and
+// shift (BN(o) = scale * o + shift) and, where running_mean is given,
+// nn.BatchNorm2d's running-statistics update (unbiased variance) with
+// `momentum`. Outputs (C,).
+template <typename T>
+void fold_batch_stats(const Dims& dm, const T* stats, const T* bn_weight,
+                      const T* bn_bias, T* running_mean, T* running_var,
+                      double momentum, double bn_eps, T* mean, T* invstd,
+                      T* scale, T* shift) {
+  const int64_t B = dm.B, C = dm.C, n = B * dm.HW;
+  for (int64_t c = 0; c < C; ++c) {
+    double mu = 0;
+    for (int64_t b = 0; b < B; ++b) mu += double(stats[2 * (b * C + c)]);
+    mu /= double(B);
+    double m2 = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      const double d = double(stats[2 * (b * C + c)]) - mu;
+      m2 += double(stats[2 * (b * C + c) + 1]) + double(dm.HW) * d * d;
+    }
+    const double var = m2 / double(n);
+    if (running_mean != nullptr) {
+      running_mean[c] = T((1 - momentum) * double(running_mean[c]) +
+                          momentum * mu);
+      running_var[c] =
+          T((1 - momentum) * double(running_var[c]) +
+            momentum * var * double(n) / double(std::max<int64_t>(n - 1, 1)));
+    }
+    const T inv = T(1) / std::sqrt(T(var) + T(bn_eps));
+    mean[c] = T(mu);
+    invstd[c] = inv;
+    scale[c] = bn_weight[c] * inv;
+    shift[c] = bn_bias[c] - T(mu) * scale[c];
+  }
+}
+
+// The training forward with batch statistics in one call: stats_planes
+// (keeping each plane's conv, see kKeepConvMaxBytes), fold_batch_stats,
+// then the apply pass (from the kept conv).
+template <typename T>
+void branch_train_forward(
+    const at::Tensor& x, const at::Tensor& u, const at::Tensor& w,
+    const at::Tensor& z, const at::Tensor& gate, const at::Tensor& weight,
+    const at::Tensor& bn_weight, const at::Tensor& bn_bias,
+    const at::Tensor& running_mean, const at::Tensor& running_var,
+    const at::Tensor& keep, at::Tensor& u_next, at::Tensor& out,
+    at::Tensor& mask, at::Tensor& mean, at::Tensor& invstd,
+    at::Tensor& scale, at::Tensor& shift, double momentum, double bn_eps,
+    double eps) {
+  const Dims dm(x, w.size(1));
+  const at::Tensor conv = kept_conv(x);
+  const ForwardOperands<T> a{
+      x.data_ptr<T>(),     data_ptr_or_null<T>(u), w.data_ptr<T>(),
+      z.data_ptr<T>(),     gate.data_ptr<T>(),     weight.data_ptr<T>(),
+      scale.data_ptr<T>(), shift.data_ptr<T>(),    keep.data_ptr<T>(),
+      u_next.data_ptr<T>(), out.data_ptr<T>(),     mask.data_ptr<uint8_t>(),
+      T(eps),              data_ptr_or_null<T>(conv)};
+  std::vector<T> stats(2 * dm.B * dm.C);
+  at::parallel_for(0, dm.B * dm.C, 1, [&](int64_t begin, int64_t end) {
+    stats_planes<T>(dm, a, stats.data(), begin, end);
+  });
+  fold_batch_stats<T>(dm, stats.data(), bn_weight.data_ptr<T>(),
+                      bn_bias.data_ptr<T>(),
+                      data_ptr_or_null<T>(running_mean),
+                      data_ptr_or_null<T>(running_var), momentum, bn_eps,
+                      mean.data_ptr<T>(), invstd.data_ptr<T>(),
+                      scale.data_ptr<T>(), shift.data_ptr<T>());
+  at::parallel_for(0, dm.B * dm.C, 1, [&](int64_t begin, int64_t end) {
+    forward_planes<T, false>(dm, a, begin, end);
   });
 }
 
@@ -610,7 +713,8 @@ void layer_inference(at::Tensor& s, const at::Tensor& residual,
                              u_next.data_ptr<T>(),
                              ps,
                              nullptr,
-                             T(eps)};
+                             T(eps),
+                             nullptr};
   const HeadOperands<T> h(q_kernel, k_kernel, norm_d, gate_weight, key_eps,
                           max_log_weight);
   std::vector<T> pooled(dm.B * C);
@@ -629,6 +733,169 @@ void layer_inference(at::Tensor& s, const at::Tensor& residual,
   }
 }
 
+// The operands of the backward kernels (optional ones null): those of
+// kcla_branch_backward_impl, and conv as in ForwardOperands, written by
+// bn_sums_planes and read by backward_planes instead of recomputing it.
+template <typename T>
+struct BackwardOperands {
+  const T *grad_out, *grad_u_next, *out, *w, *z, *gate, *weight, *scale;
+  const T *shift, *keep, *alpha, *beta, *mean;
+  const uint8_t* mask;
+  T* u_next;  // u_prev may alias it: each plane is read before it is written
+  T *grad_x, *grad_u, *u_prev;
+  T eps;
+  T* conv;
+};
+
+// branch_bn_sums over planes [begin, end); conv, if given.
+template <typename T>
+void bn_sums_planes(const Dims& dm, const BackwardOperands<T>& a, T* bn_sums,
+                    int64_t begin, int64_t end) {
+  // operands in locals: the byte stores below may alias `a` and `dm`
+  const T *pgo = a.grad_out, *pun = a.u_next, *pz = a.z, *pg = a.gate;
+  const T *pk = a.weight, *pkeep = a.keep, *pm = a.mean;
+  const uint8_t* pmask = a.mask;
+  T* pconv = a.conv;
+  const T eps = a.eps;
+  const int64_t hw = dm.HW, C = dm.C, bytes = dm.bytes;
+  Scratch<T> s(dm);
+  for (int64_t p = begin; p < end; ++p) {
+    const int64_t c = p % C, n = dm.head(p), off = p * hw;
+    load_plane<T>(pun + off, s.agg, T(1) / (pz[n] + eps));
+    conv3x3<T>(s.agg, pk + c * 9);
+    const T* __restrict__ cv = s.agg.out.data();
+    if (pconv != nullptr) std::memcpy(pconv + off, cv, hw * sizeof(T));
+    unpack_bits(pmask + p * bytes, hw, s.on.data());
+    const T* __restrict__ go = pgo + off;
+    const uint8_t* __restrict__ on = s.on.data();
+    const T gt = pg[n], kp = pkeep[p / C], mu = pm[c];
+    T sg = 0, sgc = 0;
+    for (int64_t i = 0; i < hw; ++i) {
+      const T gn = on[i] ? go[i] * kp : T(0);
+      sg += gn;
+      sgc += gn * (gt * cv[i] - mu);
+    }
+    bn_sums[2 * p] = sg;
+    bn_sums[2 * p + 1] = sgc;
+  }
+}
+
+// branch_backward over planes [begin, end): the per-plane partial sums
+// into bn_sums, head_sums and weight_sums.
+template <typename T>
+void backward_planes(const Dims& dm, const BackwardOperands<T>& a,
+                     T* bn_sums, T* head_sums, T* weight_sums, int64_t begin,
+                     int64_t end) {
+  const T *pgo = a.grad_out, *pgun = a.grad_u_next, *pout = a.out;
+  const T *pw = a.w, *pz = a.z, *pg = a.gate, *pk = a.weight;
+  const T *ps = a.scale, *pb = a.shift, *pkeep = a.keep, *pal = a.alpha;
+  const T *pbe = a.beta, *pm = a.mean, *pconv = a.conv;
+  const uint8_t* pmask = a.mask;
+  T *pun = a.u_next, *pgx = a.grad_x, *pgu = a.grad_u, *pup = a.u_prev;
+  const T eps = a.eps;
+  const int64_t hw = dm.HW, C = dm.C, bytes = dm.bytes;
+  Scratch<T> s(dm);
+  FlatPlane<T> g_pad(dm.H, dm.W);  // the gradient of o, gated; its conv
+  std::vector<T> x_rec(hw);
+  T flipped[9];
+  for (int64_t p = begin; p < end; ++p) {
+    const int64_t c = p % C, n = dm.head(p), off = p * hw;
+    const T wv = pw[n], gt = pg[n], inv = T(1) / (pz[n] + eps);
+    const T sc = ps[c], sh = pb[c], kp = pkeep[p / C];
+    const T al = pal[c], be = pbe[c], mu = pm[c];
+    const T* k9 = pk + c * 9;
+    load_plane<T>(pun + off, s.agg, inv);
+    const T* __restrict__ cv = s.agg.out.data();  // the conv, before the gate
+    if (pconv != nullptr) {
+      cv = pconv + off;
+    } else {
+      conv3x3<T>(s.agg, k9);
+    }
+    unpack_bits(pmask + p * bytes, hw, s.on.data());
+    const T* __restrict__ go = pgo + off;
+    const T* __restrict__ o_sum = pout + off;
+    const uint8_t* __restrict__ on = s.on.data();
+    T* __restrict__ xr = x_rec.data();
+    T* __restrict__ gc = g_pad.data();
+    T sg = 0, sgc = 0, s_gate = 0;
+    for (int64_t i = 0; i < hw; ++i) {
+      const T o = gt * cv[i];
+      const T y = on[i] ? kp * (sc * o + sh) : T(0);
+      xr[i] = o_sum[i] - y;
+      const T gn = on[i] ? go[i] * kp : T(0);
+      sg += gn;
+      sgc += gn * (o - mu);
+      const T g_o = sc * gn + al + be * (o - mu);
+      s_gate += g_o * cv[i];
+      gc[i] = g_o * gt;
+    }
+    conv3x3_weight_grad<T>(gc, s.agg, weight_sums + p * 9);
+    flip3x3<T>(k9, flipped);
+    conv3x3<T>(g_pad, flipped);  // gradient of agg
+    T* __restrict__ ga = g_pad.out.data();
+    const T* un = pun + off;
+    T s_z = 0;
+    for (int64_t i = 0; i < hw; ++i) s_z += ga[i] * un[i];
+    // ga becomes the total gradient of u_next: grad_u_next + ga / (z + eps)
+    if (pgun != nullptr) {
+      const T* __restrict__ gun = pgun + off;
+      for (int64_t i = 0; i < hw; ++i) ga[i] = gun[i] + ga[i] * inv;
+    } else {
+      for (int64_t i = 0; i < hw; ++i) ga[i] *= inv;
+    }
+    if (pgu != nullptr) std::memcpy(pgu + off, ga, hw * sizeof(T));
+    T* __restrict__ gx = pgx + off;
+    T s_w = 0;
+    for (int64_t i = 0; i < hw; ++i) {
+      gx[i] = go[i] + ga[i] * wv;
+      s_w += ga[i] * xr[i];
+    }
+    if (pup == pun) {  // the inverted state over u_next, in place
+      T* __restrict__ up = pup + off;
+      for (int64_t i = 0; i < hw; ++i) up[i] -= wv * xr[i];
+    } else if (pup != nullptr) {
+      T* __restrict__ up = pup + off;
+      const T* __restrict__ un_r = pun + off;
+      for (int64_t i = 0; i < hw; ++i) up[i] = un_r[i] - wv * xr[i];
+    }
+    bn_sums[2 * p] = sg;
+    bn_sums[2 * p + 1] = sgc;
+    head_sums[3 * p] = s_w;
+    head_sums[3 * p + 1] = -s_z * inv * inv;
+    head_sums[3 * p + 2] = s_gate;
+  }
+}
+
+template <typename T>
+BackwardOperands<T> backward_operands(
+    const at::Tensor& grad_out, const at::Tensor& grad_u_next,
+    const at::Tensor& out, const at::Tensor& u_next, const at::Tensor& w,
+    const at::Tensor& z, const at::Tensor& gate, const at::Tensor& weight,
+    const at::Tensor& scale, const at::Tensor& shift, const at::Tensor& keep,
+    const at::Tensor& mask, const at::Tensor& mean, at::Tensor& grad_x,
+    at::Tensor& grad_u, at::Tensor& u_prev, double eps) {
+  return {grad_out.data_ptr<T>(),
+          data_ptr_or_null<T>(grad_u_next),
+          data_ptr_or_null<T>(out),
+          data_ptr_or_null<T>(w),
+          z.data_ptr<T>(),
+          gate.data_ptr<T>(),
+          weight.data_ptr<T>(),
+          data_ptr_or_null<T>(scale),
+          data_ptr_or_null<T>(shift),
+          keep.data_ptr<T>(),
+          nullptr,
+          nullptr,
+          mean.data_ptr<T>(),
+          mask.data_ptr<uint8_t>(),
+          const_cast<T*>(u_next.data_ptr<T>()),
+          data_ptr_or_null<T>(grad_x),
+          data_ptr_or_null<T>(grad_u),
+          data_ptr_or_null<T>(u_prev),
+          T(eps),
+          nullptr};
+}
+
 template <typename T>
 void branch_bn_sums(const at::Tensor& grad_out, const at::Tensor& u_next,
                     const at::Tensor& z, const at::Tensor& gate,
@@ -636,34 +903,13 @@ void branch_bn_sums(const at::Tensor& grad_out, const at::Tensor& u_next,
                     const at::Tensor& mask, const at::Tensor& mean,
                     at::Tensor& bn_sums, double eps) {
   const Dims dm(u_next, z.size(1));
-  const T *pgo = grad_out.data_ptr<T>(), *pun = u_next.data_ptr<T>();
-  const T *pz = z.data_ptr<T>(), *pg = gate.data_ptr<T>();
-  const T *pk = weight.data_ptr<T>(), *pkeep = keep.data_ptr<T>();
-  const T* pm = mean.data_ptr<T>();
-  const uint8_t* pmask = mask.data_ptr<uint8_t>();
+  at::Tensor none;
+  const BackwardOperands<T> a = backward_operands<T>(
+      grad_out, none, none, u_next, none, z, gate, weight, none, none, keep,
+      mask, mean, none, none, none, eps);
   T* psum = bn_sums.data_ptr<T>();
   at::parallel_for(0, dm.B * dm.C, 1, [&](int64_t begin, int64_t end) {
-    Scratch<T> s(dm);
-    const int64_t hw = dm.HW;  // a local: byte stores may alias dm
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t c = p % dm.C, n = dm.head(p), off = p * hw;
-      load_plane<T>(pun + off, s.agg, T(1) / (pz[n] + T(eps)));
-      conv3x3<T>(s.agg, pk + c * 9);
-      compact_output<T>(s.agg, s.conv.data(), pg[n]);
-      unpack_bits(pmask + p * dm.bytes, hw, s.on.data());
-      const T* __restrict__ o = s.conv.data();
-      const T* __restrict__ go = pgo + off;
-      const uint8_t* __restrict__ on = s.on.data();
-      const T kp = pkeep[p / dm.C], mu = pm[c];
-      T sg = 0, sgc = 0;
-      for (int64_t i = 0; i < hw; ++i) {
-        const T gn = on[i] ? go[i] * kp : T(0);
-        sg += gn;
-        sgc += gn * (o[i] - mu);
-      }
-      psum[2 * p] = sg;
-      psum[2 * p + 1] = sgc;
-    }
+    bn_sums_planes<T>(dm, a, psum, begin, end);
   });
 }
 
@@ -680,93 +926,104 @@ void branch_backward(const at::Tensor& grad_out, const at::Tensor& grad_u_next,
                      at::Tensor& bn_sums, at::Tensor& head_sums,
                      at::Tensor& weight_sums, double eps) {
   const Dims dm(out, w.size(1));
-  const T* pgo = grad_out.data_ptr<T>();
-  const T* pgun = data_ptr_or_null<T>(grad_u_next);
-  const T *pout = out.data_ptr<T>(), *pw = w.data_ptr<T>();
-  const T *pz = z.data_ptr<T>(), *pg = gate.data_ptr<T>();
-  const T *pk = weight.data_ptr<T>(), *ps = scale.data_ptr<T>();
-  const T *pb = shift.data_ptr<T>(), *pkeep = keep.data_ptr<T>();
-  const T *pal = alpha.data_ptr<T>(), *pbe = beta.data_ptr<T>();
-  const T* pm = mean.data_ptr<T>();
-  const uint8_t* pmask = mask.data_ptr<uint8_t>();
-  // u_prev may alias u_next: each plane is read before it is written
-  T* pun = const_cast<T*>(u_next.data_ptr<T>());
-  T *pgx = grad_x.data_ptr<T>(), *pgu = data_ptr_or_null<T>(grad_u);
-  T* pup = data_ptr_or_null<T>(u_prev);
+  BackwardOperands<T> a = backward_operands<T>(
+      grad_out, grad_u_next, out, u_next, w, z, gate, weight, scale, shift,
+      keep, mask, mean, grad_x, grad_u, u_prev, eps);
+  a.alpha = alpha.data_ptr<T>();
+  a.beta = beta.data_ptr<T>();
   T *pbn = bn_sums.data_ptr<T>(), *phs = head_sums.data_ptr<T>();
   T* pws = weight_sums.data_ptr<T>();
   at::parallel_for(0, dm.B * dm.C, 1, [&](int64_t begin, int64_t end) {
-    Scratch<T> s(dm);
-    const int64_t hw = dm.HW;  // a local: byte stores may alias dm
-    PaddedPlane<T> g_pad(dm.H, dm.W);
-    std::vector<T> x_rec(hw), g_conv(hw), g_agg(hw);
-    T flipped[9];
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t c = p % dm.C, n = dm.head(p), off = p * hw;
-      const T wv = pw[n], gt = pg[n], inv = T(1) / (pz[n] + T(eps));
-      const T sc = ps[c], sh = pb[c], kp = pkeep[p / dm.C];
-      const T al = pal[c], be = pbe[c], mu = pm[c];
-      const T* k9 = pk + c * 9;
-      load_plane<T>(pun + off, s.agg, inv);
-      conv3x3<T>(s.agg, k9);
-      compact_output<T>(s.agg, s.conv.data(), T(1));  // before the gate
-      unpack_bits(pmask + p * dm.bytes, hw, s.on.data());
-      const T* __restrict__ cv = s.conv.data();
-      const T* __restrict__ go = pgo + off;
-      const T* __restrict__ o_sum = pout + off;
-      const uint8_t* __restrict__ on = s.on.data();
-      T* __restrict__ xr = x_rec.data();
-      T* __restrict__ gc = g_conv.data();
-      T sg = 0, sgc = 0, s_gate = 0;
-      for (int64_t i = 0; i < hw; ++i) {
-        const T o = gt * cv[i];
-        const T y = on[i] ? kp * (sc * o + sh) : T(0);
-        xr[i] = o_sum[i] - y;
-        const T gn = on[i] ? go[i] * kp : T(0);
-        sg += gn;
-        sgc += gn * (o - mu);
-        const T g_o = sc * gn + al + be * (o - mu);
-        s_gate += g_o * cv[i];
-        gc[i] = g_o * gt;
-      }
-      load_plane<T>(gc, g_pad, T(1));
-      conv3x3_weight_grad<T>(g_pad.interior(), s.agg, pws + p * 9);
-      flip3x3<T>(k9, flipped);
-      conv3x3<T>(g_pad, flipped);  // gradient of agg, H x Wp
-      compact_output<T>(g_pad, g_agg.data(), T(1));
-      T* __restrict__ ga = g_agg.data();
-      const T* un = pun + off;
-      T s_z = 0;
-      for (int64_t i = 0; i < hw; ++i) s_z += ga[i] * un[i];
-      // ga becomes the total gradient of u_next: grad_u_next + ga / (z + eps)
-      if (pgun != nullptr) {
-        const T* __restrict__ gun = pgun + off;
-        for (int64_t i = 0; i < hw; ++i) ga[i] = gun[i] + ga[i] * inv;
-      } else {
-        for (int64_t i = 0; i < hw; ++i) ga[i] *= inv;
-      }
-      if (pgu != nullptr) std::memcpy(pgu + off, ga, hw * sizeof(T));
-      T* __restrict__ gx = pgx + off;
-      T s_w = 0;
-      for (int64_t i = 0; i < hw; ++i) {
-        gx[i] = go[i] + ga[i] * wv;
-        s_w += ga[i] * xr[i];
-      }
-      if (pup == pun) {  // the inverted state over u_next, in place
-        T* __restrict__ up = pup + off;
-        for (int64_t i = 0; i < hw; ++i) up[i] -= wv * xr[i];
-      } else if (pup != nullptr) {
-        T* __restrict__ up = pup + off;
-        const T* __restrict__ un_r = pun + off;
-        for (int64_t i = 0; i < hw; ++i) up[i] = un_r[i] - wv * xr[i];
-      }
-      pbn[2 * p] = sg;
-      pbn[2 * p + 1] = sgc;
-      phs[3 * p] = s_w;
-      phs[3 * p + 1] = -s_z * inv * inv;
-      phs[3 * p + 2] = s_gate;
-    }
+    backward_planes<T>(dm, a, pbn, phs, pws, begin, end);
   });
+}
+
+// The whole training backward in one call: with batch statistics,
+// bn_sums_planes (keeping each plane's conv, see kKeepConvMaxBytes) and
+// BN's gradient terms alpha, beta; then backward_planes; then the
+// per-plane sums reduced (in double) to grad_w, grad_z, grad_gate (B, G),
+// grad_weight (C, 1, 3, 3) and BN's grad_bn_weight, grad_bn_bias (C,).
+template <typename T>
+void branch_train_backward(
+    const at::Tensor& grad_out, const at::Tensor& grad_u_next,
+    const at::Tensor& out, const at::Tensor& u_next, const at::Tensor& w,
+    const at::Tensor& z, const at::Tensor& gate, const at::Tensor& weight,
+    const at::Tensor& scale, const at::Tensor& shift, const at::Tensor& keep,
+    const at::Tensor& mask, const at::Tensor& mean, const at::Tensor& invstd,
+    at::Tensor& grad_x, at::Tensor& grad_u, at::Tensor& u_prev,
+    at::Tensor& grad_w, at::Tensor& grad_z, at::Tensor& grad_gate,
+    at::Tensor& grad_weight, at::Tensor& grad_bn_weight,
+    at::Tensor& grad_bn_bias, bool batch_stats, double eps) {
+  const Dims dm(out, w.size(1));
+  const int64_t B = dm.B, C = dm.C, G = dm.G, planes = B * C;
+  BackwardOperands<T> a = backward_operands<T>(
+      grad_out, grad_u_next, out, u_next, w, z, gate, weight, scale, shift,
+      keep, mask, mean, grad_x, grad_u, u_prev, eps);
+  const T *pinv = invstd.data_ptr<T>(), *psc = scale.data_ptr<T>();
+  T *pgbw = grad_bn_weight.data_ptr<T>(), *pgbb = grad_bn_bias.data_ptr<T>();
+  std::vector<T> bn_sums(2 * planes), alpha(C, T(0)), beta(C, T(0));
+  // sum over the batch of (B, C, 2) per-plane sums: BN's gradients
+  const auto bn_grads = [&] {
+    for (int64_t c = 0; c < C; ++c) {
+      double sg = 0, sgc = 0;
+      for (int64_t b = 0; b < B; ++b) {
+        sg += double(bn_sums[2 * (b * C + c)]);
+        sgc += double(bn_sums[2 * (b * C + c) + 1]);
+      }
+      pgbw[c] = pinv[c] * T(sgc);  // the sum of g * x_hat
+      pgbb[c] = T(sg);
+    }
+  };
+  const at::Tensor conv = batch_stats ? kept_conv(out) : at::Tensor();
+  a.conv = data_ptr_or_null<T>(conv);
+  if (batch_stats) {
+    at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+      bn_sums_planes<T>(dm, a, bn_sums.data(), begin, end);
+    });
+    bn_grads();
+    const T n = T(B * dm.HW);
+    for (int64_t c = 0; c < C; ++c) {
+      alpha[c] = -psc[c] * pgbb[c] / n;
+      beta[c] = -psc[c] * pinv[c] * pgbw[c] / n;
+    }
+  }
+  a.alpha = alpha.data();
+  a.beta = beta.data();
+  std::vector<T> plane_bn(2 * planes), head_sums(3 * planes);
+  std::vector<T> weight_sums(9 * planes);
+  at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+    backward_planes<T>(dm, a, plane_bn.data(), head_sums.data(),
+                       weight_sums.data(), begin, end);
+  });
+  if (!batch_stats) {
+    bn_sums.swap(plane_bn);
+    bn_grads();
+  }
+  T *pgw = grad_w.data_ptr<T>(), *pgz = grad_z.data_ptr<T>();
+  T *pgg = grad_gate.data_ptr<T>(), *pgk = grad_weight.data_ptr<T>();
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t g = 0; g < G; ++g) {
+      double sw = 0, sz = 0, sgate = 0;
+      for (int64_t c = g * dm.d; c < (g + 1) * dm.d; ++c) {
+        const T* h = head_sums.data() + 3 * (b * C + c);
+        sw += double(h[0]);
+        sz += double(h[1]);
+        sgate += double(h[2]);
+      }
+      pgw[b * G + g] = T(sw);
+      pgz[b * G + g] = T(sz);
+      pgg[b * G + g] = T(sgate);
+    }
+  }
+  for (int64_t c = 0; c < C; ++c) {
+    for (int t = 0; t < 9; ++t) {
+      double sum = 0;
+      for (int64_t b = 0; b < B; ++b) {
+        sum += double(weight_sums[9 * (b * C + c) + t]);
+      }
+      pgk[9 * c + t] = T(sum);
+    }
+  }
 }
 
 #define KCLA_DISPATCH_CPU(TYPE, NAME, ...) \
@@ -849,6 +1106,40 @@ void branch_backward_cpu(
                         weight_sums, eps));
 }
 
+void branch_train_forward_cpu(
+    const at::Tensor x, const at::Tensor u, const at::Tensor w,
+    const at::Tensor z, const at::Tensor gate, const at::Tensor weight,
+    const at::Tensor bn_weight, const at::Tensor bn_bias,
+    at::Tensor running_mean, at::Tensor running_var, const at::Tensor keep,
+    at::Tensor u_next, at::Tensor out, at::Tensor mask, at::Tensor mean,
+    at::Tensor invstd, at::Tensor scale, at::Tensor shift, double momentum,
+    double bn_eps, double eps) {
+  KCLA_DISPATCH_CPU(x.scalar_type(), "kcla_branch_train_forward_cpu",
+                    branch_train_forward<scalar_t>(
+                        x, u, w, z, gate, weight, bn_weight, bn_bias,
+                        running_mean, running_var, keep, u_next, out, mask,
+                        mean, invstd, scale, shift, momentum, bn_eps, eps));
+}
+
+void branch_train_backward_cpu(
+    const at::Tensor grad_out, const at::Tensor grad_u_next,
+    const at::Tensor out, const at::Tensor u_next, const at::Tensor w,
+    const at::Tensor z, const at::Tensor gate, const at::Tensor weight,
+    const at::Tensor scale, const at::Tensor shift, const at::Tensor keep,
+    const at::Tensor mask, const at::Tensor mean, const at::Tensor invstd,
+    at::Tensor grad_x, at::Tensor grad_u, at::Tensor u_prev,
+    at::Tensor grad_w, at::Tensor grad_z, at::Tensor grad_gate,
+    at::Tensor grad_weight, at::Tensor grad_bn_weight,
+    at::Tensor grad_bn_bias, bool batch_stats, double eps) {
+  KCLA_DISPATCH_CPU(out.scalar_type(), "kcla_branch_train_backward_cpu",
+                    branch_train_backward<scalar_t>(
+                        grad_out, grad_u_next, out, u_next, w, z, gate,
+                        weight, scale, shift, keep, mask, mean, invstd,
+                        grad_x, grad_u, u_prev, grad_w, grad_z, grad_gate,
+                        grad_weight, grad_bn_weight, grad_bn_bias,
+                        batch_stats, eps));
+}
+
 void layer_inference_cpu(
     at::Tensor s, const at::Tensor residual, const at::Tensor tail_scale,
     const at::Tensor tail_shift, const at::Tensor u, const at::Tensor z,
@@ -897,7 +1188,8 @@ void heads_backward_cpu(
 inline BranchKernels kernels() {
   return {relu_pool_forward_cpu, relu_pool_backward_cpu, branch_stats_cpu,
           branch_forward_cpu,    branch_apply_cpu,       branch_bn_sums_cpu,
-          branch_backward_cpu,   layer_inference_cpu,    heads_forward_cpu,
+          branch_backward_cpu,   branch_train_forward_cpu,
+          branch_train_backward_cpu, layer_inference_cpu, heads_forward_cpu,
           heads_backward_cpu};
 }
 
