@@ -162,6 +162,30 @@ void check_bn_args(const FeatureArgChecker& ck, const at::Tensor& scale,
   if (keep.defined() || !keep_optional) ck.batch(keep, "keep");
 }
 
+// The arguments the two backward entries share (grad_u_next, grad_u and
+// u_prev optional: undefined).
+void check_backward_args(const FeatureArgChecker& ck,
+                         const at::Tensor& grad_out,
+                         const at::Tensor& grad_u_next,
+                         const at::Tensor& u_next, const at::Tensor& z,
+                         const at::Tensor& gate, const at::Tensor& weight,
+                         const at::Tensor& scale, const at::Tensor& shift,
+                         const at::Tensor& keep, const at::Tensor& mask,
+                         const at::Tensor& mean, const at::Tensor& grad_x,
+                         const at::Tensor& grad_u,
+                         const at::Tensor& u_prev) {
+  ck.map(grad_out, "grad_out");
+  ck.map(grad_u_next, "grad_u_next");
+  ck.map(u_next, "u_next");
+  check_branch_args(ck, z, gate, weight);
+  check_bn_args(ck, scale, shift, keep);
+  ck.relu_mask(mask, "mask");
+  ck.channels(mean, "mean");
+  ck.map(grad_x, "grad_x");
+  ck.map(grad_u, "grad_u");
+  ck.map(u_prev, "u_prev");
+}
+
 // The heads' parameters: two odd-length ECA kernels of one length,
 // norm_d (G,), gate_weight (G, G), on `ref`'s device with its dtype.
 void check_head_params(const char* op, const at::Tensor& ref,
@@ -332,18 +356,11 @@ void kcla_branch_backward(
   const at::Tensor grad_u_next_t = optional_tensor(grad_u_next);
   const at::Tensor grad_u_t = optional_tensor(grad_u);
   const at::Tensor u_prev_t = optional_tensor(u_prev);
-  ck.map(grad_out, "grad_out");
-  ck.map(grad_u_next_t, "grad_u_next");
-  ck.map(u_next, "u_next");
-  check_branch_args(ck, z, gate, weight);
-  check_bn_args(ck, scale, shift, keep);
-  ck.relu_mask(mask, "mask");
+  check_backward_args(ck, grad_out, grad_u_next_t, u_next, z, gate, weight,
+                      scale, shift, keep, mask, mean, grad_x, grad_u_t,
+                      u_prev_t);
   ck.channels(alpha, "alpha");
   ck.channels(beta, "beta");
-  ck.channels(mean, "mean");
-  ck.map(grad_x, "grad_x");
-  ck.map(grad_u_t, "grad_u");
-  ck.map(u_prev_t, "u_prev");
   ck.planes(bn_sums, "bn_sums", 2);
   ck.planes(head_sums, "head_sums", 3);
   ck.planes(weight_sums, "weight_sums", 9);
@@ -406,17 +423,10 @@ void kcla_branch_train_backward(
   const at::Tensor grad_u_next_t = optional_tensor(grad_u_next);
   const at::Tensor grad_u_t = optional_tensor(grad_u);
   const at::Tensor u_prev_t = optional_tensor(u_prev);
-  ck.map(grad_out, "grad_out");
-  ck.map(grad_u_next_t, "grad_u_next");
-  ck.map(u_next, "u_next");
-  check_branch_args(ck, z, gate, weight);
-  check_bn_args(ck, scale, shift, keep);
-  ck.relu_mask(mask, "mask");
-  ck.channels(mean, "mean");
+  check_backward_args(ck, grad_out, grad_u_next_t, u_next, z, gate, weight,
+                      scale, shift, keep, mask, mean, grad_x, grad_u_t,
+                      u_prev_t);
   ck.channels(invstd, "invstd");
-  ck.map(grad_x, "grad_x");
-  ck.map(grad_u_t, "grad_u");
-  ck.map(u_prev_t, "u_prev");
   ck.heads(grad_w, "grad_w");
   ck.heads(grad_z, "grad_z");
   ck.heads(grad_gate, "grad_gate");
