@@ -24,9 +24,13 @@ even save ``u_next``: the next layer's backward inverts the running sum,
 the state costs one buffer per chain of layers instead of one feature map
 per layer. :func:`kcla_branch_inference` folds BN into one pass and
 updates the state in place; :func:`kcla_layer_inference` runs a whole
-layer (with its tail op and heads) in one call, sample by sample. All run
-the kernels of ``kcla_mm._ext`` (float32/float64); callers check
-:func:`branch_supported` (and :func:`layer_supported`).
+layer (with its tail op and heads) in one call, sample by sample. Where
+the device has the ``'layer'`` kernels (the CPU), :func:`kcla_branch`'s
+forward and backward are one call each (BN's statistics, their fold and
+the gradient sums inside); elsewhere (CUDA) one kernel per pass, with
+that glue in torch. All run the kernels of ``kcla_mm._ext``
+(float32/float64); callers check :func:`branch_supported` (and
+:func:`layer_supported`).
 """
 from typing import Optional, Tuple
 
