@@ -961,14 +961,14 @@ void branch_train_backward(
       keep, mask, mean, grad_x, grad_u, u_prev, eps);
   const T *pinv = invstd.data_ptr<T>(), *psc = scale.data_ptr<T>();
   T *pgbw = grad_bn_weight.data_ptr<T>(), *pgbb = grad_bn_bias.data_ptr<T>();
-  std::vector<T> bn_sums(2 * planes), alpha(C, T(0)), beta(C, T(0));
-  // sum over the batch of (B, C, 2) per-plane sums: BN's gradients
-  const auto bn_grads = [&] {
+  std::vector<T> alpha(C, T(0)), beta(C, T(0));
+  // BN's gradients: the (B, C, 2) per-plane sums summed over the batch
+  const auto bn_grads = [&](const std::vector<T>& sums) {
     for (int64_t c = 0; c < C; ++c) {
       double sg = 0, sgc = 0;
       for (int64_t b = 0; b < B; ++b) {
-        sg += double(bn_sums[2 * (b * C + c)]);
-        sgc += double(bn_sums[2 * (b * C + c) + 1]);
+        sg += double(sums[2 * (b * C + c)]);
+        sgc += double(sums[2 * (b * C + c) + 1]);
       }
       pgbw[c] = pinv[c] * T(sgc);  // the sum of g * x_hat
       pgbb[c] = T(sg);
@@ -977,10 +977,11 @@ void branch_train_backward(
   const at::Tensor conv = batch_stats ? kept_conv(out) : at::Tensor();
   a.conv = data_ptr_or_null<T>(conv);
   if (batch_stats) {
+    std::vector<T> bn_sums(2 * planes);
     at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
       bn_sums_planes<T>(dm, a, bn_sums.data(), begin, end);
     });
-    bn_grads();
+    bn_grads(bn_sums);
     const T n = T(B * dm.HW);
     for (int64_t c = 0; c < C; ++c) {
       alpha[c] = -psc[c] * pgbb[c] / n;
@@ -995,10 +996,7 @@ void branch_train_backward(
     backward_planes<T>(dm, a, plane_bn.data(), head_sums.data(),
                        weight_sums.data(), begin, end);
   });
-  if (!batch_stats) {
-    bn_sums.swap(plane_bn);
-    bn_grads();
-  }
+  if (!batch_stats) bn_grads(plane_bn);
   T *pgw = grad_w.data_ptr<T>(), *pgz = grad_z.data_ptr<T>();
   T *pgg = grad_gate.data_ptr<T>(), *pgk = grad_weight.data_ptr<T>();
   for (int64_t b = 0; b < B; ++b) {
