@@ -45,25 +45,34 @@ struct Dims {
 // than writing the conv out and reading it back from memory.
 constexpr int64_t kKeepConvMaxBytes = int64_t(4) << 20;
 
-// A scratch (B, C, H, W) buffer like x for the kept conv, or undefined.
+// Values per plane in a flat loop: H * W rounded up to whole 8-lane
+// vectors (no scalar remainder in the conv loops).
+constexpr int64_t kLanes = 8;
+inline int64_t padded_plane(int64_t hw) {
+  return (hw + kLanes - 1) / kLanes * kLanes;
+}
+
+// A scratch buffer for the kept conv of x (B, C, H, W), or undefined: one
+// row of padded_plane(H * W) values per plane, so that conv3x3 writes each
+// plane's conv straight into its row.
 inline at::Tensor kept_conv(const at::Tensor& x) {
-  return x.numel() * x.element_size() <= kKeepConvMaxBytes
-             ? at::empty_like(x)
+  const int64_t planes = x.size(0) * x.size(1);
+  const int64_t n = padded_plane(x.size(2) * x.size(3));
+  return planes * n * x.element_size() <= kKeepConvMaxBytes
+             ? at::empty({planes, n}, x.options())
              : at::Tensor();
 }
 
 template <typename T>
 struct FlatPlane {
-  // the flat loops run over n = H * W rounded up to whole 8-lane vectors
-  // (no scalar remainder in the conv loops); the slack is zero
-  static constexpr int64_t kLanes = 8;
+  // the flat loops run over n = padded_plane(H * W); the slack is zero
   int64_t W, hw, n;
   std::vector<T> buf;    // W + 1 zeros, the plane (n values), W + 1 zeros
   std::vector<T> left;   // n: 0 in column 0 and the slack, else 1
   std::vector<T> right;  // n: 0 in column W - 1 and the slack, else 1
   std::vector<T> out;    // n: the conv output (its slack unspecified)
   FlatPlane(int64_t h, int64_t w)
-      : W(w), hw(h * w), n((h * w + kLanes - 1) / kLanes * kLanes),
+      : W(w), hw(h * w), n(padded_plane(h * w)),
         buf(n + 2 * (w + 1), T(0)), left(n, T(0)), right(n, T(0)),
         out(n, T(0)) {
     for (int64_t i = 0; i < hw; ++i) {
@@ -76,15 +85,16 @@ struct FlatPlane {
   const T* data() const { return buf.data() + W + 1; }
 };
 
-// p.out[i] = sum_{k,l} w9[3k+l] * p(i / W + k - 1, i % W + l - 1), i.e. the
+// out[i] = sum_{k,l} w9[3k+l] * p(i / W + k - 1, i % W + l - 1), i.e. the
 // zero-padded 3x3 convolution of the plane: rows outside it read the zero
 // guards, and the column masks drop what a flat index would read across a
 // row's ends. With the plane zero outside it, the same call with the flipped
-// kernel is the exact transpose.
+// kernel is the exact transpose. out (p.n values; default p.out) gets
+// unspecified values in its slack.
 template <typename T>
-inline void conv3x3(FlatPlane<T>& p, const T* w9) {
+inline void conv3x3(FlatPlane<T>& p, const T* w9, T* out_ptr = nullptr) {
   const int64_t n = p.n, W = p.W;
-  T* __restrict__ out = p.out.data();
+  T* __restrict__ out = out_ptr != nullptr ? out_ptr : p.out.data();
   const T* __restrict__ a = p.data();
   const T* __restrict__ ml = p.left.data();
   const T* __restrict__ mr = p.right.data();
@@ -105,7 +115,7 @@ inline void conv3x3(FlatPlane<T>& p, const T* w9) {
 template <typename T>
 inline void conv3x3_weight_grad(const T* __restrict__ g,
                                 const FlatPlane<T>& p, T* gw9) {
-  constexpr int64_t L = FlatPlane<T>::kLanes;  // p.n is a multiple of L
+  constexpr int64_t L = kLanes;  // p.n is a multiple of L
   const int64_t n = p.n, W = p.W;
   const T* __restrict__ a = p.data();
   const T* __restrict__ ml = p.left.data();
@@ -308,10 +318,10 @@ void relu_pool_backward(const at::Tensor& grad_x, const at::Tensor& grad_pooled,
   });
 }
 
-// The operands of the forward kernels (optional ones null). conv (B, C, H,
-// W), optional: each plane's DWConv3x3(u_next / (z + eps)) before the gate,
-// written by stats_planes and read by forward_planes<T, false> instead of
-// recomputing it.
+// The operands of the forward kernels (optional ones null). conv (a
+// kept_conv buffer), optional: each plane's DWConv3x3(u_next / (z + eps))
+// before the gate, in its row, written by stats_planes and read by
+// forward_planes<T, false> instead of recomputing it.
 template <typename T>
 struct ForwardOperands {
   const T *x, *u, *w, *z, *gate, *weight, *scale, *shift, *keep;
@@ -337,9 +347,8 @@ void stats_planes(const Dims& dm, const ForwardOperands<T>& a, T* stats,
     const int64_t n = dm.head(p), off = p * hw;
     update_plane<T>(px + off, pu ? pu + off : nullptr, pun + off, s.agg,
                     pw[n], T(1) / (pz[n] + eps));
-    conv3x3<T>(s.agg, pk + (p % C) * 9);
-    const T* __restrict__ cv = s.agg.out.data();
-    if (pconv != nullptr) std::memcpy(pconv + off, cv, hw * sizeof(T));
+    T* cv = pconv != nullptr ? pconv + p * s.agg.n : s.agg.out.data();
+    conv3x3<T>(s.agg, pk + (p % C) * 9, cv);
     const T gt = pg[n];
     T sum = 0, m2 = 0;
     for (int64_t i = 0; i < hw; ++i) sum += gt * cv[i];
@@ -388,7 +397,7 @@ void forward_planes(const Dims& dm, const ForwardOperands<T>& a,
     const int64_t c = p % C, n = dm.head(p), off = p * hw;
     const T* __restrict__ cv = s.agg.out.data();
     if (pconv != nullptr) {
-      cv = pconv + off;
+      cv = pconv + p * s.agg.n;
     } else {
       const T inv = T(1) / (pz[n] + eps);
       if (Update) {
@@ -762,9 +771,9 @@ void bn_sums_planes(const Dims& dm, const BackwardOperands<T>& a, T* bn_sums,
   for (int64_t p = begin; p < end; ++p) {
     const int64_t c = p % C, n = dm.head(p), off = p * hw;
     load_plane<T>(pun + off, s.agg, T(1) / (pz[n] + eps));
-    conv3x3<T>(s.agg, pk + c * 9);
-    const T* __restrict__ cv = s.agg.out.data();
-    if (pconv != nullptr) std::memcpy(pconv + off, cv, hw * sizeof(T));
+    T* cv_out = pconv != nullptr ? pconv + p * s.agg.n : s.agg.out.data();
+    conv3x3<T>(s.agg, pk + c * 9, cv_out);
+    const T* __restrict__ cv = cv_out;
     unpack_bits(pmask + p * bytes, hw, s.on.data());
     const T* __restrict__ go = pgo + off;
     const uint8_t* __restrict__ on = s.on.data();
@@ -778,6 +787,28 @@ void bn_sums_planes(const Dims& dm, const BackwardOperands<T>& a, T* bn_sums,
     bn_sums[2 * p] = sg;
     bn_sums[2 * p + 1] = sgc;
   }
+}
+
+// From ga, the gradient of the plane's agg: gu = gun + ga / (z + eps), the
+// whole gradient of u_next (gun: its direct one), and gx = go + w gu, the
+// gradient of x; with the sums s_z = <ga, u_next> and s_w = <gu, x>.
+template <typename T>
+inline void state_grads_plane(const T* __restrict__ ga,
+                              const T* __restrict__ un,
+                              const T* __restrict__ gun,
+                              const T* __restrict__ go, const T* __restrict__ x,
+                              T* __restrict__ gu, T* __restrict__ gx, T inv,
+                              T wv, int64_t n, T& s_z, T& s_w) {
+  T sz = 0, sw = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    sz += ga[i] * un[i];
+    const T t = gun[i] + ga[i] * inv;
+    gu[i] = t;
+    gx[i] = go[i] + t * wv;
+    sw += t * x[i];
+  }
+  s_z = sz;
+  s_w = sw;
 }
 
 // branch_backward over planes [begin, end): the per-plane partial sums
@@ -797,6 +828,9 @@ void backward_planes(const Dims& dm, const BackwardOperands<T>& a,
   Scratch<T> s(dm);
   FlatPlane<T> g_pad(dm.H, dm.W);  // the gradient of o, gated; its conv
   std::vector<T> x_rec(hw);
+  // stand-ins for an absent grad_u_next (zeros) and grad_u (discarded)
+  std::vector<T> zeros(pgun != nullptr ? 0 : hw, T(0));
+  std::vector<T> gu_scratch(pgu != nullptr ? 0 : hw);
   T flipped[9];
   for (int64_t p = begin; p < end; ++p) {
     const int64_t c = p % C, n = dm.head(p), off = p * hw;
@@ -807,7 +841,7 @@ void backward_planes(const Dims& dm, const BackwardOperands<T>& a,
     load_plane<T>(pun + off, s.agg, inv);
     const T* __restrict__ cv = s.agg.out.data();  // the conv, before the gate
     if (pconv != nullptr) {
-      cv = pconv + off;
+      cv = pconv + p * s.agg.n;
     } else {
       conv3x3<T>(s.agg, k9);
     }
@@ -832,24 +866,11 @@ void backward_planes(const Dims& dm, const BackwardOperands<T>& a,
     conv3x3_weight_grad<T>(gc, s.agg, weight_sums + p * 9);
     flip3x3<T>(k9, flipped);
     conv3x3<T>(g_pad, flipped);  // gradient of agg
-    T* __restrict__ ga = g_pad.out.data();
-    const T* un = pun + off;
-    T s_z = 0;
-    for (int64_t i = 0; i < hw; ++i) s_z += ga[i] * un[i];
-    // ga becomes the total gradient of u_next: grad_u_next + ga / (z + eps)
-    if (pgun != nullptr) {
-      const T* __restrict__ gun = pgun + off;
-      for (int64_t i = 0; i < hw; ++i) ga[i] = gun[i] + ga[i] * inv;
-    } else {
-      for (int64_t i = 0; i < hw; ++i) ga[i] *= inv;
-    }
-    if (pgu != nullptr) std::memcpy(pgu + off, ga, hw * sizeof(T));
-    T* __restrict__ gx = pgx + off;
-    T s_w = 0;
-    for (int64_t i = 0; i < hw; ++i) {
-      gx[i] = go[i] + ga[i] * wv;
-      s_w += ga[i] * xr[i];
-    }
+    T s_z, s_w;
+    state_grads_plane<T>(g_pad.out.data(), pun + off,
+                         pgun != nullptr ? pgun + off : zeros.data(), go, xr,
+                         pgu != nullptr ? pgu + off : gu_scratch.data(),
+                         pgx + off, inv, wv, hw, s_z, s_w);
     if (pup == pun) {  // the inverted state over u_next, in place
       T* __restrict__ up = pup + off;
       for (int64_t i = 0; i < hw; ++i) up[i] -= wv * xr[i];
