@@ -771,9 +771,8 @@ void bn_sums_planes(const Dims& dm, const BackwardOperands<T>& a, T* bn_sums,
   for (int64_t p = begin; p < end; ++p) {
     const int64_t c = p % C, n = dm.head(p), off = p * hw;
     load_plane<T>(pun + off, s.agg, T(1) / (pz[n] + eps));
-    T* cv_out = pconv != nullptr ? pconv + p * s.agg.n : s.agg.out.data();
-    conv3x3<T>(s.agg, pk + c * 9, cv_out);
-    const T* __restrict__ cv = cv_out;
+    T* cv = pconv != nullptr ? pconv + p * s.agg.n : s.agg.out.data();
+    conv3x3<T>(s.agg, pk + c * 9, cv);
     unpack_bits(pmask + p * bytes, hw, s.on.data());
     const T* __restrict__ go = pgo + off;
     const uint8_t* __restrict__ on = s.on.data();
