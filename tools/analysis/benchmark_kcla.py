@@ -2,7 +2,7 @@
 
 Prints, for one run on this machine, side by side and as ratios:
   (a) ResNet-50-KCLA vs mmdet ResNet-50: training step (forward + backward,
-      batch 4, 224x224) and inference (eval, no grad);
+      batch 4 (--batch), 224x224) and inference (eval, no grad);
   (b) activation memory of a training step: the distinct storages autograd
       keeps for backward after one forward (batch 8), parameters excluded;
   (c) the fused op vs its PyTorch reference: one layer's feature-map work
@@ -55,6 +55,13 @@ def parse_args(argv=None):
     parser.add_argument('--sections', default='abcde',
                         help='which sections to run, e.g. "ab"')
     parser.add_argument('--device', default='cpu')
+    parser.add_argument(
+        '--baseline', choices=('mmdet', 'resnetkcla'), default='mmdet',
+        help="(a), (b): the plain ResNet-50: mmdet's, or ResNetKCLA with "
+        "layer_attention=None (the same network, tested equal to mmdet's; "
+        'for machines whose mmcv has no ops, which mmdet.models needs)')
+    parser.add_argument('--batch', type=int, default=4,
+                        help='(a): batch size')
     parser.add_argument('--ea-sizes', type=int, nargs='+',
                         default=[32, 64, 96, 128],
                         help='(e): square feature-map sizes')
@@ -146,11 +153,16 @@ def peak_bytes(fn: Callable[[], None]) -> int:
     return tracker.peak
 
 
-def build_pair(device):
-    """mmdet's ResNet-50 and ResNet-50-KCLA, training mode (BN updating)."""
-    from mmdet.models.backbones import ResNet
+def build_pair(device, baseline='mmdet'):
+    """A plain ResNet-50 (see --baseline) and ResNet-50-KCLA, with BN
+    updating in training mode."""
     torch.manual_seed(0)
-    plain = ResNet(50, norm_eval=False).to(device)
+    if baseline == 'mmdet':
+        from mmdet.models.backbones import ResNet
+        plain = ResNet(50, norm_eval=False)
+    else:
+        plain = ResNetKCLA(50, layer_attention=None, norm_eval=False)
+    plain = plain.to(device)
     kcla = ResNetKCLA(50, norm_eval=False).to(device)
     return plain, kcla
 
@@ -161,10 +173,11 @@ def row(name, base, ours, unit, fmt='{:.1f}'):
 
 
 def section_a(args):
-    print('(a) ResNet-50 vs ResNet-50-KCLA, batch 4 at 224x224'
+    print(f'(a) ResNet-50 ({args.baseline}) vs ResNet-50-KCLA, batch '
+          f'{args.batch} at 224x224'
           f'{"":>8}{"ResNet-50":>12} {"R50-KCLA":>12}      ratio')
-    plain, kcla = build_pair(args.device)
-    x = torch.rand(4, 3, 224, 224, device=args.device)
+    plain, kcla = build_pair(args.device, args.baseline)
+    x = torch.rand(args.batch, 3, 224, 224, device=args.device)
 
     def train_step(model):
         def step():
@@ -189,8 +202,9 @@ def section_a(args):
 
 
 def section_b(args):
-    print('(b) activation memory of a training step, batch 8 at 224x224')
-    plain, kcla = build_pair(args.device)
+    print(f'(b) activation memory of a training step, batch 8 at 224x224, '
+          f'ResNet-50 ({args.baseline}) vs ResNet-50-KCLA')
+    plain, kcla = build_pair(args.device, args.baseline)
     x = torch.rand(8, 3, 224, 224, device=args.device)
     plain.train()
     kcla.train()
