@@ -57,11 +57,14 @@ class StateTape:
     backward; the next layer's backward writes it there first (autograd runs
     the successor first: it consumes ``u_next``). :attr:`z_floor` (B, G) is
     Z of the oldest state that would be recovered by inversion alone.
+    :attr:`grad_u` is the gradient the successor's backward returned for
+    ``u_next`` (see :class:`GradHandoff`).
     """
 
     def __init__(self) -> None:
         self.u: Optional[Tensor] = None
         self.z_floor: Optional[Tensor] = None
+        self.grad_u = GradHandoff()
 
     def take(self) -> Tensor:
         u, self.u = self.u, None
@@ -73,6 +76,25 @@ class StateTape:
                 'fused training path, and the graph cannot be backwarded '
                 'twice')
         return u
+
+
+class GradHandoff:
+    """A gradient that one op's backward returns for its input, handed to
+    the op that produced that input: when autograd passes this very tensor
+    on (no other gradient was summed into it), the producer's backward is
+    its only user and overwrites it in place, sparing a map's allocation
+    and memory traffic."""
+
+    def __init__(self) -> None:
+        self._grad: Optional[Tensor] = None
+
+    def give(self, grad: Optional[Tensor]) -> None:
+        self._grad = grad
+
+    def owns(self, grad: Optional[Tensor]) -> bool:
+        """Whether ``grad`` is the handed tensor (which is then released)."""
+        handed, self._grad = self._grad, None
+        return grad is not None and grad is handed
 
 
 def plain_affine_bn(norm: nn.Module) -> bool:
@@ -104,13 +126,17 @@ def foldable_bn(norm: nn.Module) -> bool:
 
 
 def relu_pool(s: Tensor,
-              residual: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+              residual: Optional[Tensor] = None,
+              handoff: Optional[GradHandoff] = None) -> Tuple[Tensor, Tensor]:
     """``x = ReLU(s + residual)`` in place and ``x.mean((2, 3))``,
     (B, C, H, W) -> ((B, C, H, W), (B, C)); ``s`` (and ``residual``, if
-    given: a block's shortcut) must be contiguous; ``s`` is overwritten."""
+    given: a block's shortcut) must be contiguous; ``s`` is overwritten.
+    ``handoff``: where the op consuming ``x`` hands its gradient of ``x``
+    back through it, backward writes the gradient of ``s`` over it (on
+    devices with the ``'layer'`` kernels)."""
     if torch.is_grad_enabled() and (s.requires_grad or (
             residual is not None and residual.requires_grad)):
-        return ReLUPoolFunction.apply(s, residual)
+        return ReLUPoolFunction.apply(s, residual, handoff)
     pooled = s.new_empty(s.shape[:2])
     get_ext().kcla_relu_pool_forward(s, residual, None, pooled)
     return s, pooled
@@ -126,13 +152,14 @@ class ReLUPoolFunction(Function):
     """Autograd op of :func:`relu_pool`; saves only the ReLU's bit mask."""
 
     @staticmethod
-    def forward(ctx, s: Tensor,
-                residual: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    def forward(ctx, s: Tensor, residual: Optional[Tensor],
+                handoff: Optional[GradHandoff]) -> Tuple[Tensor, Tensor]:
         mask = _bit_mask(s)
         pooled = s.new_empty(s.shape[:2])
         get_ext().kcla_relu_pool_forward(s, residual, mask, pooled)
         ctx.mark_dirty(s)
         ctx.has_residual = residual is not None
+        ctx.handoff = handoff
         ctx.save_for_backward(mask)
         ctx.size = s.shape
         ctx.set_materialize_grads(False)
@@ -143,16 +170,18 @@ class ReLUPoolFunction(Function):
     def backward(ctx, grad_x: Optional[Tensor],
                  grad_pooled: Optional[Tensor]) -> tuple:
         mask, = ctx.saved_tensors
+        owned = ctx.handoff is not None and ctx.handoff.owns(grad_x)
         if grad_x is None and grad_pooled is None:
-            return None, None
+            return None, None, None
         ref = grad_x if grad_x is not None else grad_pooled
         grad_x = ref.new_zeros(ctx.size) if grad_x is None else \
             grad_x.contiguous()
         grad_pooled = ref.new_zeros(ctx.size[:2]) if grad_pooled is None \
             else grad_pooled.contiguous()
-        grad_s = torch.empty_like(grad_x)
+        grad_s = grad_x if owned and layer_supported(grad_x) else \
+            torch.empty_like(grad_x)
         get_ext().kcla_relu_pool_backward(grad_x, grad_pooled, mask, grad_s)
-        return grad_s, grad_s if ctx.has_residual else None
+        return grad_s, grad_s if ctx.has_residual else None, None
 
 
 def running_stats_momentum(norm: nn.BatchNorm2d) -> Optional[float]:
@@ -207,7 +236,8 @@ class KCLABranchFunction(Function):
                 bn_bias: Tensor, keep: Tensor, norm: nn.BatchNorm2d,
                 use_batch_stats: bool, eps: float,
                 tape_in: Optional[StateTape], tape_out: Optional[StateTape],
-                save_u: bool, out_in_place: bool) -> Tuple[Tensor, Tensor]:
+                save_u: bool, out_in_place: bool,
+                x_handoff: Optional[GradHandoff]) -> Tuple[Tensor, Tensor]:
         ext = get_ext()
         b, c, h, w_ = x.shape
         # a state handed over by tape is this chain's own buffer: updated
@@ -254,6 +284,7 @@ class KCLABranchFunction(Function):
         ctx.set_materialize_grads(False)
         ctx.tape_in = tape_in
         ctx.tape_out = tape_out
+        ctx.x_handoff = x_handoff
         ctx.has_u = u is not None
         ctx.use_batch_stats = use_batch_stats
         ctx.eps = eps
@@ -278,7 +309,12 @@ class KCLABranchFunction(Function):
         u_prev = (u_next if owned else torch.empty_like(u_next)) \
             if invert else None
         grad_x = torch.empty_like(out)
-        grad_u = torch.empty_like(out) if ctx.has_u else None
+        # the successor's own gradient of u_next: overwritten with grad_u
+        grad_u_owned = owned and ctx.tape_out.grad_u.owns(grad_u_next)
+        grad_u = None
+        if ctx.has_u:
+            grad_u = grad_u_next if grad_u_owned and ctx.one_call else \
+                torch.empty_like(out)
         if ctx.one_call:
             grad_w, grad_z, grad_gate = w.new_empty((3, ) + w.shape).unbind(0)
             grad_weight = torch.empty_like(weight)
@@ -299,9 +335,13 @@ class KCLABranchFunction(Function):
             ctx.tape_in.u = saved_u
         elif invert:  # ... recovered by inverting the running sum
             ctx.tape_in.u = u_prev
+        if ctx.tape_in is not None:
+            ctx.tape_in.grad_u.give(grad_u)
+        if ctx.x_handoff is not None:
+            ctx.x_handoff.give(grad_x)
         return (grad_x, grad_u, grad_w, grad_z, grad_gate, grad_weight,
                 sum_grad_xhat.to(ctx.bn_dtype), sum_grad.to(ctx.bn_dtype),
-                None, None, None, None, None, None, None, None)
+                None, None, None, None, None, None, None, None, None)
 
 
 def _branch_backward_per_kernel(ctx, grad_out, grad_u_next, out, u_next, w,
@@ -351,7 +391,9 @@ def kcla_branch(x: Tensor,
                 eps: float = 1e-3,
                 tape_in: Optional[StateTape] = None,
                 tape_out: Optional[StateTape] = None,
-                out_in_place: bool = False) -> Tuple[Tensor, Tensor]:
+                out_in_place: bool = False,
+                x_handoff: Optional[GradHandoff] = None
+                ) -> Tuple[Tensor, Tensor]:
     """Training/autograd branch; returns ``(out, u_next)``, both (B, C, H, W).
 
     ``norm`` uses batch statistics (and updates its running ones) when in
@@ -363,7 +405,8 @@ def kcla_branch(x: Tensor,
     ``tape_in.z_floor``; otherwise, with ``tape_in``, ``u`` (the previous
     layer's unsaved ``u_next``) is updated in place. ``out_in_place``: write
     ``out`` over ``x`` (which must then be a tensor nobody else needs, e.g.
-    :func:`relu_pool`'s).
+    :func:`relu_pool`'s). ``x_handoff``: backward hands its gradient of
+    ``x`` through it (to :func:`relu_pool`, which produced ``x``).
     """
     use_batch_stats = norm.training or norm.running_mean is None
     dtype = x.dtype
@@ -379,7 +422,7 @@ def kcla_branch(x: Tensor,
         z.to(dtype).contiguous(), gate.to(dtype).contiguous(),
         weight.to(dtype).contiguous(), norm.weight, norm.bias,
         keep.to(dtype).contiguous(), norm, use_batch_stats, float(eps),
-        tape_in, tape_out, save_u, out_in_place)
+        tape_in, tape_out, save_u, out_in_place, x_handoff)
 
 
 def kcla_branch_inference(x: Tensor,

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 import kcla_mm.ops.kcla_branch as kcla_branch_mod
 from kcla_mm.ops import get_ext
-from kcla_mm.ops.kcla_branch import (kcla_branch, kcla_branch_inference,
+from kcla_mm.ops.kcla_branch import (GradHandoff, StateTape, kcla_branch,
+                                     kcla_branch_inference,
                                      kcla_layer_inference, relu_pool)
 
 EPS = 1e-3
@@ -459,6 +460,67 @@ def test_relu_pool_then_branch_in_place_matches_reference(training):
     want = torch.autograd.grad(ref[0], ref_params, seed)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize('x_used_twice', [False, True])
+def test_gradient_handoffs_match_reference(x_used_twice):
+    """Two layers as the backbone chains them (relu_pool -> branch, the
+    state passed by tape): the branch hands its gradient of x to relu_pool
+    and the second layer its gradient of u to the first, which overwrite
+    them in place; values and gradients equal the reference. When x also
+    feeds another op, autograd sums a new gradient and nothing of the
+    caller's is overwritten."""
+    x, u, w, z, gate, weight, norm, keep = make_case(torch.float64, b=3,
+                                                     c=8, h=6, w=5, g=2)
+    s = (x * 2).detach().requires_grad_()
+    r = torch.randn_like(x).requires_grad_()
+    u = u.requires_grad_()
+    w2 = (w.detach() * 0.5).requires_grad_()
+    leaves = [s, r, u, w.requires_grad_(), w2, gate.requires_grad_(),
+              weight.requires_grad_()]
+    norm2, ref_norm, ref_norm2 = clone_norm(norm), clone_norm(norm), \
+        clone_norm(norm)
+    handed = []
+
+    def hand(handoff):
+        give = handoff.give
+        handoff.give = lambda g: (handed.append(g), give(g))
+        return handoff
+
+    x_handoff = hand(GradHandoff())
+    xr, _ = relu_pool(s * 1.0, r, x_handoff)
+    extra = xr * 3.0 if x_used_twice else None
+    tape = StateTape()
+    hand(tape.grad_u)
+    out1, u1 = kcla_branch(xr, u, w, z, gate, weight, norm, keep, EPS,
+                           tape_out=tape, out_in_place=True,
+                           x_handoff=x_handoff)
+    out2, u2 = kcla_branch(out1 * 1.0, u1, w2, z + w2, gate, weight, norm2,
+                           keep, EPS, tape_in=tape)
+    ref_x = F.relu(s + r)
+    ref1 = reference_branch(ref_x, u, w, z, gate, weight, ref_norm, keep)
+    ref2 = reference_branch(ref1[0], ref1[1], w2, z + w2, gate, weight,
+                            ref_norm2, keep)
+    torch.testing.assert_close(out2, ref2[0])
+    torch.testing.assert_close(u2, ref2[1])
+    seeds = [torch.randn_like(out2), torch.randn_like(u2)]
+    outs, ref_outs = [out2, u2], [ref2[0], ref2[1]]
+    if x_used_twice:
+        seeds.append(torch.randn_like(out2))
+        outs.append(extra)
+        ref_outs.append(ref_x * 3.0)
+    got = torch.autograd.grad(outs, leaves, seeds)
+    want = torch.autograd.grad(ref_outs, leaves, seeds)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    # the second layer's grad_u (backward runs it first), the first's grad_x
+    assert len(handed) == 2
+    grad_s, grad_u = got[1], got[2]  # r's gradient is relu_pool's grad_s
+    # the first layer wrote its grad_u over the second's ...
+    assert grad_u.data_ptr() == handed[0].data_ptr()
+    # ... and relu_pool grad_s over the branch's grad_x, unless x's
+    # gradient was a sum autograd made
+    assert (grad_s.data_ptr() == handed[1].data_ptr()) != x_used_twice
 
 
 def test_baseline_and_avx2_kernels_agree():

@@ -18,8 +18,8 @@ from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from kcla_mm.ops import kcla_state_update
-from kcla_mm.ops.kcla_branch import (StateTape, branch_supported,
-                                     foldable_bn, kcla_branch,
+from kcla_mm.ops.kcla_branch import (GradHandoff, StateTape,
+                                     branch_supported, foldable_bn, kcla_branch,
                                      kcla_branch_inference,
                                      kcla_layer_inference, layer_supported,
                                      plain_affine_bn, relu_pool,
@@ -493,7 +493,8 @@ class KCLALayer(BaseModule):
 
     def _fused_branch(self, x: Tensor, u: Optional[Tensor], weight: Tensor,
                       z: Tensor, gate: Tensor,
-                      tape_in: Optional[StateTape], out_in_place: bool
+                      tape_in: Optional[StateTape], out_in_place: bool,
+                      x_handoff: Optional[GradHandoff] = None
                       ) -> Tuple[Tensor, KCLAState]:
         """(X + Y, state) through ``kcla_mm._ext``; in no-grad eval mode the
         incoming U is updated in place; with ``out_in_place`` X + Y is
@@ -519,7 +520,7 @@ class KCLALayer(BaseModule):
         tape_out = StateTape() if self.invert_state else None
         out, u = kcla_branch(x, u, weight, z, gate, self.v_conv.weight,
                              self.norm, keep, self.eps, tape_in, tape_out,
-                             out_in_place)
+                             out_in_place, x_handoff)
         return out, KCLAState(u, z, tape_out)
 
     def forward(self,
@@ -583,12 +584,15 @@ class KCLALayer(BaseModule):
                 return self._layer_inference(x, state, shortcut, tail_norm,
                                              dtype)
             fused = self._use_fused_branch(x)
+            # relu_pool's output feeds only the branch, which hands back
+            # its gradient for relu_pool's backward to overwrite
+            x_handoff = GradHandoff() if fused and relu_input else None
             if fused:
                 x_in = x.to(dtype).contiguous()
                 if relu_input:
                     x_in, pooled = relu_pool(
                         x_in, None if shortcut is None else
-                        shortcut.to(dtype).contiguous())
+                        shortcut.to(dtype).contiguous(), x_handoff)
                 else:
                     pooled = x_in.mean((2, 3))
             else:
@@ -622,7 +626,8 @@ class KCLALayer(BaseModule):
                     'invert_state=False on the previous layer')
             if fused:
                 out, new_state = self._fused_branch(x_in, u, weight, z, gate,
-                                                    tape_in, relu_input)
+                                                    tape_in, relu_input,
+                                                    x_handoff)
                 return out.to(x.dtype), new_state
             u, agg = kcla_state_update(
                 x.to(dtype), weight, z, u, eps=self.eps, impl=self.impl)

@@ -39,28 +39,39 @@ struct Dims {
   }
 };
 
-// The one-call training kernels keep each plane's conv for their second
-// pass only for maps up to this size, which are still in cache when that
-// pass reads them; larger maps recompute it from u_next, which costs less
-// than writing the conv out and reading it back from memory.
-constexpr int64_t kKeepConvMaxBytes = int64_t(4) << 20;
+// rows x cols planes of a (B, C) grid, row by row: first + r * stride + j
+// for j < cols. A contiguous range (one row), or a block of channels
+// across the batch (B rows, stride C).
+struct PlaneRange {
+  int64_t first, cols, stride, rows;
+  int64_t count() const { return rows * cols; }
+  int64_t operator[](int64_t k) const {
+    return first + (k / cols) * stride + k % cols;
+  }
+};
+
+inline PlaneRange contiguous_planes(int64_t begin, int64_t end) {
+  return {begin, end - begin, 0, 1};
+}
+
+inline PlaneRange channel_block(const Dims& dm, int64_t c0, int64_t c1) {
+  return {c0, c1 - c0, dm.C, dm.B};
+}
+
+// A per-thread buffer of at least n values, reused by later calls (a fresh
+// allocation of this size would page-fault each time).
+template <typename T>
+T* thread_buffer(int64_t n) {
+  thread_local std::vector<T> buf;
+  if (int64_t(buf.size()) < n) buf.resize(n);
+  return buf.data();
+}
 
 // Values per plane in a flat loop: H * W rounded up to whole 8-lane
 // vectors (no scalar remainder in the conv loops).
 constexpr int64_t kLanes = 8;
 inline int64_t padded_plane(int64_t hw) {
   return (hw + kLanes - 1) / kLanes * kLanes;
-}
-
-// A scratch buffer for the kept conv of x (B, C, H, W), or undefined: one
-// row of padded_plane(H * W) values per plane, so that conv3x3 writes each
-// plane's conv straight into its row.
-inline at::Tensor kept_conv(const at::Tensor& x) {
-  const int64_t planes = x.size(0) * x.size(1);
-  const int64_t n = padded_plane(x.size(2) * x.size(3));
-  return planes * n * x.element_size() <= kKeepConvMaxBytes
-             ? at::empty({planes, n}, x.options())
-             : at::Tensor();
 }
 
 template <typename T>
@@ -233,6 +244,65 @@ struct Scratch {
   explicit Scratch(const Dims& dm) : agg(dm.H, dm.W), on(dm.HW) {}
 };
 
+// Per-thread scratch of the backward kernels.
+template <typename T>
+struct BackwardScratch : Scratch<T> {
+  FlatPlane<T> g_pad;     // the gradient of o, gated; its conv
+  std::vector<T> x_rec;   // H * W: x recovered from out
+  std::vector<T> zeros;   // H * W zeros: an absent grad_u_next
+  std::vector<T> gu;      // H * W: grad_u where it is not wanted
+  explicit BackwardScratch(const Dims& dm)
+      : Scratch<T>(dm), g_pad(dm.H, dm.W), x_rec(dm.HW), zeros(dm.HW, T(0)),
+        gu(dm.HW) {}
+};
+
+// The one-call training kernels' two passes: first(planes, scratch, conv)
+// (BN's sums, keeping each plane's conv in its row of conv), fold(c) once
+// channel c's planes have had it, then second(planes, scratch, conv).
+// Maps up to kWholeMapBytes stay in cache between two passes over all
+// planes; larger ones make both passes over one block of channels at a
+// time, each block small enough (kBlockBytes for about three maps) that
+// the second pass still finds its maps in cache.
+constexpr int64_t kWholeMapBytes = int64_t(4) << 20;
+constexpr int64_t kBlockBytes = int64_t(512) << 10;
+
+template <typename T, typename S, typename First, typename Fold,
+          typename Second>
+void two_passes(const Dims& dm, const First& first, const Fold& fold,
+                const Second& second) {
+  const int64_t n = padded_plane(dm.HW), planes = dm.B * dm.C;
+  if (planes * dm.HW * int64_t(sizeof(T)) <= kWholeMapBytes) {
+    T* conv = thread_buffer<T>(planes * n);
+    at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+      S s(dm);
+      first(contiguous_planes(begin, end), s, conv + begin * n);
+    });
+    for (int64_t c = 0; c < dm.C; ++c) fold(c);
+    at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+      S s(dm);
+      second(contiguous_planes(begin, end), s, conv + begin * n);
+    });
+    return;
+  }
+  const int64_t channel_bytes = 3 * dm.B * dm.HW * int64_t(sizeof(T));
+  const int64_t block = std::min<int64_t>(
+      std::max<int64_t>(1, kBlockBytes / channel_bytes),
+      std::max<int64_t>(1, dm.C / (2 * int64_t(at::get_num_threads()))));
+  const int64_t blocks = (dm.C + block - 1) / block;
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    S s(dm);
+    T* conv = thread_buffer<T>(dm.B * block * n);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t c0 = i * block, c1 = std::min(dm.C, c0 + block);
+      const PlaneRange range = channel_block(dm, c0, c1);
+      first(range, s, conv);
+      for (int64_t c = c0; c < c1; ++c) fold(c);
+      second(range, s, conv);
+    }
+  });
+}
+
+
 // ReLU(sc * v + sh + res) over one plane of n values, in place, with its
 // byte mask; returns the plane's sum. One copy per operand set, so that
 // every loop is alias-free.
@@ -308,46 +378,48 @@ void relu_pool_backward(const at::Tensor& grad_x, const at::Tensor& grad_pooled,
     const int64_t n_hw = hw;
     std::vector<uint8_t> on(n_hw);
     for (int64_t p = begin; p < end; ++p) {
-      const T* __restrict__ g = pgx + p * n_hw;
-      T* __restrict__ gs = pgs + p * n_hw;
       const uint8_t* __restrict__ o = on.data();
       unpack_bits(pmask + p * bytes, n_hw, on.data());
       const T gp = pgp[p] / T(n_hw);
-      for (int64_t i = 0; i < n_hw; ++i) gs[i] = o[i] ? g[i] + gp : T(0);
+      if (pgs == pgx) {  // grad_s over grad_x, in place
+        T* __restrict__ gs = pgs + p * n_hw;
+        for (int64_t i = 0; i < n_hw; ++i) gs[i] = o[i] ? gs[i] + gp : T(0);
+      } else {
+        const T* __restrict__ g = pgx + p * n_hw;
+        T* __restrict__ gs = pgs + p * n_hw;
+        for (int64_t i = 0; i < n_hw; ++i) gs[i] = o[i] ? g[i] + gp : T(0);
+      }
     }
   });
 }
 
-// The operands of the forward kernels (optional ones null). conv (a
-// kept_conv buffer), optional: each plane's DWConv3x3(u_next / (z + eps))
-// before the gate, in its row, written by stats_planes and read by
-// forward_planes<T, false> instead of recomputing it.
+// The operands of the forward kernels (optional ones null).
 template <typename T>
 struct ForwardOperands {
   const T *x, *u, *w, *z, *gate, *weight, *scale, *shift, *keep;
   T *u_next, *out;
   uint8_t* mask;
   T eps;
-  T* conv;
 };
 
-// branch_stats over planes [begin, end): u_next, and stats[p] = (mean, sum
-// of squared deviations) of o over plane p; conv, if given.
+// branch_stats over `planes`: u_next, and stats[p] = (mean, sum of squared
+// deviations) of o over plane p; where conv is given, the k-th plane's
+// DWConv3x3(u_next / (z + eps)) into its row k (of s.agg.n values).
 template <typename T>
 void stats_planes(const Dims& dm, const ForwardOperands<T>& a, T* stats,
-                  int64_t begin, int64_t end) {
+                  PlaneRange planes, Scratch<T>& s, T* conv) {
   // operands in locals: the byte stores below may alias `a` and `dm`
   const T *px = a.x, *pu = a.u, *pw = a.w, *pz = a.z, *pg = a.gate;
   const T* pk = a.weight;
-  T *pun = a.u_next, *pconv = a.conv;
+  T* pun = a.u_next;
   const T eps = a.eps;
   const int64_t hw = dm.HW, C = dm.C;
-  Scratch<T> s(dm);
-  for (int64_t p = begin; p < end; ++p) {
+  for (int64_t k = 0; k < planes.count(); ++k) {
+    const int64_t p = planes[k];
     const int64_t n = dm.head(p), off = p * hw;
     update_plane<T>(px + off, pu ? pu + off : nullptr, pun + off, s.agg,
                     pw[n], T(1) / (pz[n] + eps));
-    T* cv = pconv != nullptr ? pconv + p * s.agg.n : s.agg.out.data();
+    T* cv = conv != nullptr ? conv + k * s.agg.n : s.agg.out.data();
     conv3x3<T>(s.agg, pk + (p % C) * 9, cv);
     const T gt = pg[n];
     T sum = 0, m2 = 0;
@@ -372,32 +444,33 @@ void branch_stats(const at::Tensor& x, const at::Tensor& u, const at::Tensor& w,
                              w.data_ptr<T>(), z.data_ptr<T>(),
                              gate.data_ptr<T>(), weight.data_ptr<T>(),
                              nullptr, nullptr, nullptr, u_next.data_ptr<T>(),
-                             nullptr, nullptr, T(eps), nullptr};
+                             nullptr, nullptr, T(eps)};
   T* pst = stats.data_ptr<T>();
   at::parallel_for(0, dm.B * dm.C, 1, [&](int64_t begin, int64_t end) {
-    stats_planes<T>(dm, a, pst, begin, end);
+    Scratch<T> s(dm);
+    stats_planes<T>(dm, a, pst, contiguous_planes(begin, end), s, nullptr);
   });
 }
 
-// branch_forward over planes [begin, end): Update = true from x and u, else
-// (apply) from u_next, or from a.conv where given.
+// branch_forward over `planes`: Update = true from x and u, else (apply)
+// from u_next, or where given from conv (stats_planes' rows).
 template <typename T, bool Update>
 void forward_planes(const Dims& dm, const ForwardOperands<T>& a,
-                    int64_t begin, int64_t end) {
+                    PlaneRange planes, Scratch<T>& s, const T* conv) {
   // operands in locals: the byte stores below may alias `a` and `dm`
   const T *px = a.x, *pu = a.u, *pw = a.w, *pz = a.z, *pg = a.gate;
   const T *pk = a.weight, *ps = a.scale, *pb = a.shift, *pkeep = a.keep;
-  const T* pconv = Update ? nullptr : a.conv;
+  const T* pconv = Update ? nullptr : conv;
   T *pun = a.u_next, *pout = a.out;
   uint8_t* pmask = a.mask;
   const T eps = a.eps;
   const int64_t hw = dm.HW, C = dm.C, bytes = dm.bytes;
-  Scratch<T> s(dm);
-  for (int64_t p = begin; p < end; ++p) {
+  for (int64_t k = 0; k < planes.count(); ++k) {
+    const int64_t p = planes[k];
     const int64_t c = p % C, n = dm.head(p), off = p * hw;
     const T* __restrict__ cv = s.agg.out.data();
     if (pconv != nullptr) {
-      cv = pconv + p * s.agg.n;
+      cv = pconv + k * s.agg.n;
     } else {
       const T inv = T(1) / (pz[n] + eps);
       if (Update) {
@@ -446,51 +519,52 @@ void branch_forward(const at::Tensor& x, const at::Tensor& u,
       scale.data_ptr<T>(),     shift.data_ptr<T>(),
       data_ptr_or_null<T>(keep), u_next.data_ptr<T>(),
       out.data_ptr<T>(),       data_ptr_or_null<uint8_t>(mask),
-      T(eps),                  nullptr};
+      T(eps)};
   at::parallel_for(0, dm.B * dm.C, 1, [&](int64_t begin, int64_t end) {
-    forward_planes<T, Update>(dm, a, begin, end);
+    Scratch<T> s(dm);
+    forward_planes<T, Update>(dm, a, contiguous_planes(begin, end), s,
+                              nullptr);
   });
 }
 
-// BN's batch statistics per channel from stats (B, C, 2) (Chan et al.'s
-// parallel combination, in double): mean and invstd, the folded scale and
-// shift (BN(o) = scale * o + shift) and, where running_mean is given,
-// nn.BatchNorm2d's running-statistics update (unbiased variance) with
-// `momentum`. Outputs (C,).
+// BN's batch statistics of channel c from stats (B, C, 2) (Chan et al.'s
+// parallel combination, in double): mean[c] and invstd[c], the folded
+// scale[c] and shift[c] (BN(o) = scale * o + shift) and, where running_mean
+// is given, nn.BatchNorm2d's running-statistics update (unbiased variance)
+// with `momentum`.
 template <typename T>
-void fold_batch_stats(const Dims& dm, const T* stats, const T* bn_weight,
-                      const T* bn_bias, T* running_mean, T* running_var,
-                      double momentum, double bn_eps, T* mean, T* invstd,
-                      T* scale, T* shift) {
+void fold_channel_stats(const Dims& dm, const T* stats, int64_t c,
+                        const T* bn_weight, const T* bn_bias, T* running_mean,
+                        T* running_var, double momentum, double bn_eps,
+                        T* mean, T* invstd, T* scale, T* shift) {
   const int64_t B = dm.B, C = dm.C, n = B * dm.HW;
-  for (int64_t c = 0; c < C; ++c) {
-    double mu = 0;
-    for (int64_t b = 0; b < B; ++b) mu += double(stats[2 * (b * C + c)]);
-    mu /= double(B);
-    double m2 = 0;
-    for (int64_t b = 0; b < B; ++b) {
-      const double d = double(stats[2 * (b * C + c)]) - mu;
-      m2 += double(stats[2 * (b * C + c) + 1]) + double(dm.HW) * d * d;
-    }
-    const double var = m2 / double(n);
-    if (running_mean != nullptr) {
-      running_mean[c] = T((1 - momentum) * double(running_mean[c]) +
-                          momentum * mu);
-      running_var[c] =
-          T((1 - momentum) * double(running_var[c]) +
-            momentum * var * double(n) / double(std::max<int64_t>(n - 1, 1)));
-    }
-    const T inv = T(1) / std::sqrt(T(var) + T(bn_eps));
-    mean[c] = T(mu);
-    invstd[c] = inv;
-    scale[c] = bn_weight[c] * inv;
-    shift[c] = bn_bias[c] - T(mu) * scale[c];
+  double mu = 0;
+  for (int64_t b = 0; b < B; ++b) mu += double(stats[2 * (b * C + c)]);
+  mu /= double(B);
+  double m2 = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const double d = double(stats[2 * (b * C + c)]) - mu;
+    m2 += double(stats[2 * (b * C + c) + 1]) + double(dm.HW) * d * d;
   }
+  const double var = m2 / double(n);
+  if (running_mean != nullptr) {
+    running_mean[c] =
+        T((1 - momentum) * double(running_mean[c]) + momentum * mu);
+    running_var[c] =
+        T((1 - momentum) * double(running_var[c]) +
+          momentum * var * double(n) / double(std::max<int64_t>(n - 1, 1)));
+  }
+  const T inv = T(1) / std::sqrt(T(var) + T(bn_eps));
+  mean[c] = T(mu);
+  invstd[c] = inv;
+  scale[c] = bn_weight[c] * inv;
+  shift[c] = bn_bias[c] - T(mu) * scale[c];
 }
 
-// The training forward with batch statistics in one call: stats_planes
-// (keeping each plane's conv, see kKeepConvMaxBytes), fold_batch_stats,
-// then the apply pass (from the kept conv).
+// The training forward with batch statistics in one call, channel by
+// channel (so that the second pass finds the channel's maps in cache):
+// stats_planes over its B planes (keeping their convs),
+// fold_channel_stats, then the apply pass from the kept convs.
 template <typename T>
 void branch_train_forward(
     const at::Tensor& x, const at::Tensor& u, const at::Tensor& w,
@@ -502,26 +576,30 @@ void branch_train_forward(
     at::Tensor& scale, at::Tensor& shift, double momentum, double bn_eps,
     double eps) {
   const Dims dm(x, w.size(1));
-  const at::Tensor conv = kept_conv(x);
   const ForwardOperands<T> a{
       x.data_ptr<T>(),     data_ptr_or_null<T>(u), w.data_ptr<T>(),
       z.data_ptr<T>(),     gate.data_ptr<T>(),     weight.data_ptr<T>(),
       scale.data_ptr<T>(), shift.data_ptr<T>(),    keep.data_ptr<T>(),
       u_next.data_ptr<T>(), out.data_ptr<T>(),     mask.data_ptr<uint8_t>(),
-      T(eps),              data_ptr_or_null<T>(conv)};
+      T(eps)};
+  const T *pbw = bn_weight.data_ptr<T>(), *pbb = bn_bias.data_ptr<T>();
+  T* prm = data_ptr_or_null<T>(running_mean);
+  T* prv = data_ptr_or_null<T>(running_var);
+  T *pmean = mean.data_ptr<T>(), *pinv = invstd.data_ptr<T>();
+  T *psc = scale.data_ptr<T>(), *psh = shift.data_ptr<T>();
   std::vector<T> stats(2 * dm.B * dm.C);
-  at::parallel_for(0, dm.B * dm.C, 1, [&](int64_t begin, int64_t end) {
-    stats_planes<T>(dm, a, stats.data(), begin, end);
-  });
-  fold_batch_stats<T>(dm, stats.data(), bn_weight.data_ptr<T>(),
-                      bn_bias.data_ptr<T>(),
-                      data_ptr_or_null<T>(running_mean),
-                      data_ptr_or_null<T>(running_var), momentum, bn_eps,
-                      mean.data_ptr<T>(), invstd.data_ptr<T>(),
-                      scale.data_ptr<T>(), shift.data_ptr<T>());
-  at::parallel_for(0, dm.B * dm.C, 1, [&](int64_t begin, int64_t end) {
-    forward_planes<T, false>(dm, a, begin, end);
-  });
+  two_passes<T, Scratch<T>>(
+      dm,
+      [&](PlaneRange planes, Scratch<T>& s, T* conv) {
+        stats_planes<T>(dm, a, stats.data(), planes, s, conv);
+      },
+      [&](int64_t c) {
+        fold_channel_stats<T>(dm, stats.data(), c, pbw, pbb, prm, prv,
+                              momentum, bn_eps, pmean, pinv, psc, psh);
+      },
+      [&](PlaneRange planes, Scratch<T>& s, T* conv) {
+        forward_planes<T, false>(dm, a, planes, s, conv);
+      });
 }
 
 // The heads' parameters (spec section 2, steps 1-3): ECA kernels kq, kk
@@ -722,8 +800,7 @@ void layer_inference(at::Tensor& s, const at::Tensor& residual,
                              u_next.data_ptr<T>(),
                              ps,
                              nullptr,
-                             T(eps),
-                             nullptr};
+                             T(eps)};
   const HeadOperands<T> h(q_kernel, k_kernel, norm_d, gate_weight, key_eps,
                           max_log_weight);
   std::vector<T> pooled(dm.B * C);
@@ -737,41 +814,41 @@ void layer_inference(at::Tensor& s, const at::Tensor& residual,
                     pz ? pz + b * G : nullptr, pw + b * G, pzn + b * G,
                     pg + b * G, q, key);
     at::parallel_for(b * C, (b + 1) * C, 1, [&](int64_t begin, int64_t end) {
-      forward_planes<T, true>(dm, a, begin, end);
+      Scratch<T> sc(dm);
+      forward_planes<T, true>(dm, a, contiguous_planes(begin, end), sc,
+                              nullptr);
     });
   }
 }
 
 // The operands of the backward kernels (optional ones null): those of
-// kcla_branch_backward_impl, and conv as in ForwardOperands, written by
-// bn_sums_planes and read by backward_planes instead of recomputing it.
+// kcla_branch_backward_impl.
 template <typename T>
 struct BackwardOperands {
   const T *grad_out, *grad_u_next, *out, *w, *z, *gate, *weight, *scale;
   const T *shift, *keep, *alpha, *beta, *mean;
   const uint8_t* mask;
   T* u_next;  // u_prev may alias it: each plane is read before it is written
-  T *grad_x, *grad_u, *u_prev;
+  T *grad_x, *grad_u, *u_prev;  // grad_u may alias grad_u_next, likewise
   T eps;
-  T* conv;
 };
 
-// branch_bn_sums over planes [begin, end); conv, if given.
+// branch_bn_sums over `planes`; where conv is given, each plane's conv into
+// its row as in stats_planes.
 template <typename T>
 void bn_sums_planes(const Dims& dm, const BackwardOperands<T>& a, T* bn_sums,
-                    int64_t begin, int64_t end) {
+                    PlaneRange planes, Scratch<T>& s, T* conv) {
   // operands in locals: the byte stores below may alias `a` and `dm`
   const T *pgo = a.grad_out, *pun = a.u_next, *pz = a.z, *pg = a.gate;
   const T *pk = a.weight, *pkeep = a.keep, *pm = a.mean;
   const uint8_t* pmask = a.mask;
-  T* pconv = a.conv;
   const T eps = a.eps;
   const int64_t hw = dm.HW, C = dm.C, bytes = dm.bytes;
-  Scratch<T> s(dm);
-  for (int64_t p = begin; p < end; ++p) {
+  for (int64_t k = 0; k < planes.count(); ++k) {
+    const int64_t p = planes[k];
     const int64_t c = p % C, n = dm.head(p), off = p * hw;
     load_plane<T>(pun + off, s.agg, T(1) / (pz[n] + eps));
-    T* cv = pconv != nullptr ? pconv + p * s.agg.n : s.agg.out.data();
+    T* cv = conv != nullptr ? conv + k * s.agg.n : s.agg.out.data();
     conv3x3<T>(s.agg, pk + c * 9, cv);
     unpack_bits(pmask + p * bytes, hw, s.on.data());
     const T* __restrict__ go = pgo + off;
@@ -789,49 +866,60 @@ void bn_sums_planes(const Dims& dm, const BackwardOperands<T>& a, T* bn_sums,
 }
 
 // From ga, the gradient of the plane's agg: gu = gun + ga / (z + eps), the
-// whole gradient of u_next (gun: its direct one), and gx = go + w gu, the
-// gradient of x; with the sums s_z = <ga, u_next> and s_w = <gu, x>.
+// whole gradient of u_next (gun: its direct one; gu may be gun, in place),
+// and gx = go + w gu, the gradient of x; with the sums s_z = <ga, u_next>
+// and s_w = <gu, x>.
 template <typename T>
 inline void state_grads_plane(const T* __restrict__ ga,
-                              const T* __restrict__ un,
-                              const T* __restrict__ gun,
+                              const T* __restrict__ un, const T* gun,
                               const T* __restrict__ go, const T* __restrict__ x,
-                              T* __restrict__ gu, T* __restrict__ gx, T inv,
-                              T wv, int64_t n, T& s_z, T& s_w) {
+                              T* gu, T* __restrict__ gx, T inv, T wv,
+                              int64_t n, T& s_z, T& s_w) {
   T sz = 0, sw = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    sz += ga[i] * un[i];
-    const T t = gun[i] + ga[i] * inv;
-    gu[i] = t;
-    gx[i] = go[i] + t * wv;
-    sw += t * x[i];
+  if (gu == gun) {  // own loop: an overlap check would make it scalar
+    T* __restrict__ g = gu;
+    for (int64_t i = 0; i < n; ++i) {
+      sz += ga[i] * un[i];
+      const T t = g[i] + ga[i] * inv;
+      g[i] = t;
+      gx[i] = go[i] + t * wv;
+      sw += t * x[i];
+    }
+  } else {
+    const T* __restrict__ gn = gun;
+    T* __restrict__ g = gu;
+    for (int64_t i = 0; i < n; ++i) {
+      sz += ga[i] * un[i];
+      const T t = gn[i] + ga[i] * inv;
+      g[i] = t;
+      gx[i] = go[i] + t * wv;
+      sw += t * x[i];
+    }
   }
   s_z = sz;
   s_w = sw;
 }
 
-// branch_backward over planes [begin, end): the per-plane partial sums
-// into bn_sums, head_sums and weight_sums.
+// branch_backward over `planes`, from conv (bn_sums_planes' rows) where
+// given: the per-plane partial sums into bn_sums, head_sums and
+// weight_sums.
 template <typename T>
 void backward_planes(const Dims& dm, const BackwardOperands<T>& a,
-                     T* bn_sums, T* head_sums, T* weight_sums, int64_t begin,
-                     int64_t end) {
+                     T* bn_sums, T* head_sums, T* weight_sums,
+                     PlaneRange planes, BackwardScratch<T>& s,
+                     const T* conv) {
   const T *pgo = a.grad_out, *pgun = a.grad_u_next, *pout = a.out;
   const T *pw = a.w, *pz = a.z, *pg = a.gate, *pk = a.weight;
   const T *ps = a.scale, *pb = a.shift, *pkeep = a.keep, *pal = a.alpha;
-  const T *pbe = a.beta, *pm = a.mean, *pconv = a.conv;
+  const T *pbe = a.beta, *pm = a.mean, *pconv = conv;
   const uint8_t* pmask = a.mask;
   T *pun = a.u_next, *pgx = a.grad_x, *pgu = a.grad_u, *pup = a.u_prev;
   const T eps = a.eps;
   const int64_t hw = dm.HW, C = dm.C, bytes = dm.bytes;
-  Scratch<T> s(dm);
-  FlatPlane<T> g_pad(dm.H, dm.W);  // the gradient of o, gated; its conv
-  std::vector<T> x_rec(hw);
-  // stand-ins for an absent grad_u_next (zeros) and grad_u (discarded)
-  std::vector<T> zeros(pgun != nullptr ? 0 : hw, T(0));
-  std::vector<T> gu_scratch(pgu != nullptr ? 0 : hw);
+  FlatPlane<T>& g_pad = s.g_pad;
   T flipped[9];
-  for (int64_t p = begin; p < end; ++p) {
+  for (int64_t k = 0; k < planes.count(); ++k) {
+    const int64_t p = planes[k];
     const int64_t c = p % C, n = dm.head(p), off = p * hw;
     const T wv = pw[n], gt = pg[n], inv = T(1) / (pz[n] + eps);
     const T sc = ps[c], sh = pb[c], kp = pkeep[p / C];
@@ -840,7 +928,7 @@ void backward_planes(const Dims& dm, const BackwardOperands<T>& a,
     load_plane<T>(pun + off, s.agg, inv);
     const T* __restrict__ cv = s.agg.out.data();  // the conv, before the gate
     if (pconv != nullptr) {
-      cv = pconv + p * s.agg.n;
+      cv = pconv + k * s.agg.n;
     } else {
       conv3x3<T>(s.agg, k9);
     }
@@ -848,7 +936,7 @@ void backward_planes(const Dims& dm, const BackwardOperands<T>& a,
     const T* __restrict__ go = pgo + off;
     const T* __restrict__ o_sum = pout + off;
     const uint8_t* __restrict__ on = s.on.data();
-    T* __restrict__ xr = x_rec.data();
+    T* __restrict__ xr = s.x_rec.data();
     T* __restrict__ gc = g_pad.data();
     T sg = 0, sgc = 0, s_gate = 0;
     for (int64_t i = 0; i < hw; ++i) {
@@ -867,8 +955,8 @@ void backward_planes(const Dims& dm, const BackwardOperands<T>& a,
     conv3x3<T>(g_pad, flipped);  // gradient of agg
     T s_z, s_w;
     state_grads_plane<T>(g_pad.out.data(), pun + off,
-                         pgun != nullptr ? pgun + off : zeros.data(), go, xr,
-                         pgu != nullptr ? pgu + off : gu_scratch.data(),
+                         pgun != nullptr ? pgun + off : s.zeros.data(), go, xr,
+                         pgu != nullptr ? pgu + off : s.gu.data(),
                          pgx + off, inv, wv, hw, s_z, s_w);
     if (pup == pun) {  // the inverted state over u_next, in place
       T* __restrict__ up = pup + off;
@@ -912,8 +1000,7 @@ BackwardOperands<T> backward_operands(
           data_ptr_or_null<T>(grad_x),
           data_ptr_or_null<T>(grad_u),
           data_ptr_or_null<T>(u_prev),
-          T(eps),
-          nullptr};
+          T(eps)};
 }
 
 template <typename T>
@@ -929,7 +1016,9 @@ void branch_bn_sums(const at::Tensor& grad_out, const at::Tensor& u_next,
       mask, mean, none, none, none, eps);
   T* psum = bn_sums.data_ptr<T>();
   at::parallel_for(0, dm.B * dm.C, 1, [&](int64_t begin, int64_t end) {
-    bn_sums_planes<T>(dm, a, psum, begin, end);
+    Scratch<T> s(dm);
+    bn_sums_planes<T>(dm, a, psum, contiguous_planes(begin, end), s,
+                      nullptr);
   });
 }
 
@@ -954,12 +1043,15 @@ void branch_backward(const at::Tensor& grad_out, const at::Tensor& grad_u_next,
   T *pbn = bn_sums.data_ptr<T>(), *phs = head_sums.data_ptr<T>();
   T* pws = weight_sums.data_ptr<T>();
   at::parallel_for(0, dm.B * dm.C, 1, [&](int64_t begin, int64_t end) {
-    backward_planes<T>(dm, a, pbn, phs, pws, begin, end);
+    BackwardScratch<T> s(dm);
+    backward_planes<T>(dm, a, pbn, phs, pws, contiguous_planes(begin, end), s,
+                       nullptr);
   });
 }
 
-// The whole training backward in one call: with batch statistics,
-// bn_sums_planes (keeping each plane's conv, see kKeepConvMaxBytes) and
+// The whole training backward in one call, channel by channel (so that
+// the second pass finds the channel's maps in cache): with batch
+// statistics, bn_sums_planes over its B planes (keeping their convs) and
 // BN's gradient terms alpha, beta; then backward_planes; then the
 // per-plane sums reduced (in double) to grad_w, grad_z, grad_gate (B, G),
 // grad_weight (C, 1, 3, 3) and BN's grad_bn_weight, grad_bn_bias (C,).
@@ -982,41 +1074,40 @@ void branch_train_backward(
   const T *pinv = invstd.data_ptr<T>(), *psc = scale.data_ptr<T>();
   T *pgbw = grad_bn_weight.data_ptr<T>(), *pgbb = grad_bn_bias.data_ptr<T>();
   std::vector<T> alpha(C, T(0)), beta(C, T(0));
-  // BN's gradients: the (B, C, 2) per-plane sums summed over the batch
-  const auto bn_grads = [&](const std::vector<T>& sums) {
-    for (int64_t c = 0; c < C; ++c) {
-      double sg = 0, sgc = 0;
-      for (int64_t b = 0; b < B; ++b) {
-        sg += double(sums[2 * (b * C + c)]);
-        sgc += double(sums[2 * (b * C + c) + 1]);
-      }
-      pgbw[c] = pinv[c] * T(sgc);  // the sum of g * x_hat
-      pgbb[c] = T(sg);
-    }
-  };
-  const at::Tensor conv = batch_stats ? kept_conv(out) : at::Tensor();
-  a.conv = data_ptr_or_null<T>(conv);
-  if (batch_stats) {
-    std::vector<T> bn_sums(2 * planes);
-    at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
-      bn_sums_planes<T>(dm, a, bn_sums.data(), begin, end);
-    });
-    bn_grads(bn_sums);
-    const T n = T(B * dm.HW);
-    for (int64_t c = 0; c < C; ++c) {
-      alpha[c] = -psc[c] * pgbb[c] / n;
-      beta[c] = -psc[c] * pinv[c] * pgbw[c] / n;
-    }
-  }
   a.alpha = alpha.data();
   a.beta = beta.data();
-  std::vector<T> plane_bn(2 * planes), head_sums(3 * planes);
-  std::vector<T> weight_sums(9 * planes);
-  at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+  // BN's gradients of channel c: its (B, C, 2) per-plane sums summed over
+  // the batch
+  const auto bn_grads = [&](const std::vector<T>& sums, int64_t c) {
+    double sg = 0, sgc = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      sg += double(sums[2 * (b * C + c)]);
+      sgc += double(sums[2 * (b * C + c) + 1]);
+    }
+    pgbw[c] = pinv[c] * T(sgc);  // the sum of g * x_hat
+    pgbb[c] = T(sg);
+  };
+  std::vector<T> bn_sums(2 * planes), plane_bn(2 * planes);
+  std::vector<T> head_sums(3 * planes), weight_sums(9 * planes);
+  const T n = T(B * dm.HW);
+  const auto sums = [&](PlaneRange planes, BackwardScratch<T>& s, T* conv) {
+    if (batch_stats) bn_sums_planes<T>(dm, a, bn_sums.data(), planes, s, conv);
+  };
+  const auto fold = [&](int64_t c) {
+    if (!batch_stats) return;
+    bn_grads(bn_sums, c);
+    alpha[c] = -psc[c] * pgbb[c] / n;
+    beta[c] = -psc[c] * pinv[c] * pgbw[c] / n;
+  };
+  const auto rest = [&](PlaneRange planes, BackwardScratch<T>& s, T* conv) {
     backward_planes<T>(dm, a, plane_bn.data(), head_sums.data(),
-                       weight_sums.data(), begin, end);
-  });
-  if (!batch_stats) bn_grads(plane_bn);
+                       weight_sums.data(), planes, s,
+                       batch_stats ? conv : nullptr);
+  };
+  two_passes<T, BackwardScratch<T>>(dm, sums, fold, rest);
+  if (!batch_stats) {
+    for (int64_t c = 0; c < C; ++c) bn_grads(plane_bn, c);
+  }
   T *pgw = grad_w.data_ptr<T>(), *pgz = grad_z.data_ptr<T>();
   T *pgg = grad_gate.data_ptr<T>(), *pgk = grad_weight.data_ptr<T>();
   for (int64_t b = 0; b < B; ++b) {
