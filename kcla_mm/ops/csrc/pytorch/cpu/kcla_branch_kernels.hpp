@@ -302,7 +302,6 @@ void two_passes(const Dims& dm, const First& first, const Fold& fold,
   });
 }
 
-
 // ReLU(sc * v + sh + res) over one plane of n values, in place, with its
 // byte mask; returns the plane's sum. One copy per operand set, so that
 // every loop is alias-free.
@@ -1090,22 +1089,27 @@ void branch_train_backward(
   std::vector<T> bn_sums(2 * planes), plane_bn(2 * planes);
   std::vector<T> head_sums(3 * planes), weight_sums(9 * planes);
   const T n = T(B * dm.HW);
-  const auto sums = [&](PlaneRange planes, BackwardScratch<T>& s, T* conv) {
-    if (batch_stats) bn_sums_planes<T>(dm, a, bn_sums.data(), planes, s, conv);
-  };
-  const auto fold = [&](int64_t c) {
-    if (!batch_stats) return;
-    bn_grads(bn_sums, c);
-    alpha[c] = -psc[c] * pgbb[c] / n;
-    beta[c] = -psc[c] * pinv[c] * pgbw[c] / n;
-  };
-  const auto rest = [&](PlaneRange planes, BackwardScratch<T>& s, T* conv) {
+  const auto rest = [&](PlaneRange planes, BackwardScratch<T>& s,
+                        const T* conv) {
     backward_planes<T>(dm, a, plane_bn.data(), head_sums.data(),
-                       weight_sums.data(), planes, s,
-                       batch_stats ? conv : nullptr);
+                       weight_sums.data(), planes, s, conv);
   };
-  two_passes<T, BackwardScratch<T>>(dm, sums, fold, rest);
-  if (!batch_stats) {
+  if (batch_stats) {
+    const auto sums = [&](PlaneRange planes, BackwardScratch<T>& s,
+                          T* conv) {
+      bn_sums_planes<T>(dm, a, bn_sums.data(), planes, s, conv);
+    };
+    const auto fold = [&](int64_t c) {
+      bn_grads(bn_sums, c);
+      alpha[c] = -psc[c] * pgbb[c] / n;
+      beta[c] = -psc[c] * pinv[c] * pgbw[c] / n;
+    };
+    two_passes<T, BackwardScratch<T>>(dm, sums, fold, rest);
+  } else {  // one pass (alpha = beta = 0), recomputing each plane's conv
+    at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+      BackwardScratch<T> s(dm);
+      rest(contiguous_planes(begin, end), s, nullptr);
+    });
     for (int64_t c = 0; c < C; ++c) bn_grads(plane_bn, c);
   }
   T *pgw = grad_w.data_ptr<T>(), *pgz = grad_z.data_ptr<T>();
