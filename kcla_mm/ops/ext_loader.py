@@ -62,7 +62,14 @@ def ext_device_types(group: str = 'state') -> Tuple[str, ...]:
             inference, the heads). Defaults to ``'state'``.
     """
     ext = get_ext()
-    return tuple(ext.device_types(group)) if ext is not None else ()
+    return _device_types(ext, group) if ext is not None else ()
+
+
+@lru_cache(maxsize=None)
+def _device_types(ext: ModuleType, group: str) -> Tuple[str, ...]:
+    """``ext.device_types(group)``, asked once per loaded extension (the
+    fused ops ask it on every call)."""
+    return tuple(ext.device_types(group))
 
 
 def has_device_impl(device_type: str, group: str = 'state') -> bool:

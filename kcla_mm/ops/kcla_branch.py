@@ -218,6 +218,13 @@ def _combine_plane_stats(stats: Tensor, hw: int) -> Tuple[Tensor, Tensor]:
     return mean, m2 / (stats.shape[0] * hw)
 
 
+def bn_params(norm: nn.BatchNorm2d, dtype: torch.dtype) -> Tuple[Tensor, ...]:
+    """(weight, bias, running_mean, running_var) of an eval-mode ``norm``
+    in ``dtype``, as the one-call inference op folds them."""
+    return tuple(t.to(dtype) for t in (norm.weight, norm.bias,
+                                       norm.running_mean, norm.running_var))
+
+
 def _folded_bn(norm: nn.BatchNorm2d, mean: Tensor, var: Tensor,
                dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor]:
     """(invstd, scale, shift) with BN(o) = scale * o + shift, each (C,)."""
@@ -474,28 +481,25 @@ def kcla_layer_inference(s: Tensor,
 
     ``out = x + ReLU(BN(gate * DWConv3x3(u_next / (z_next + eps))))`` with
     ``x = ReLU(tail_norm(s) + residual)`` (both optional), the heads from
-    ``GAP(x)`` (ECA kernels ``q_kernel``, ``k_kernel`` (k,), ``norm_d``
-    (G,), ``gate_weight`` (G, G)) and ``u_next = u + w * x``. ``s`` (B, C,
+    ``GAP(x)`` (ECA kernels ``q_kernel``, ``k_kernel`` (k elements),
+    ``norm_d`` (G elements), ``gate_weight`` (G, G)) and ``u_next = u + w *
+    x``; both BNs are folded inside the op. ``s`` (B, C,
     H, W) contiguous is overwritten with ``out``; ``u`` (with ``z`` (B, G),
     or neither: the first layer) is updated in place.
     """
     dtype = s.dtype
-    b = s.shape[0]
-    g = norm_d.shape[0]
-    _, scale, shift = _folded_bn(norm, norm.running_mean, norm.running_var,
-                                 dtype)
-    tail_scale = tail_shift = None
-    if tail_norm is not None:
-        _, tail_scale, tail_shift = _folded_bn(
-            tail_norm, tail_norm.running_mean, tail_norm.running_var, dtype)
+    b, g = s.shape[0], gate_weight.shape[0]
+    tail = (None, ) * 4 if tail_norm is None else bn_params(tail_norm, dtype)
     u_next = torch.empty_like(s) if u is None else u
     w = s.new_empty((b, g))
-    z_next = torch.empty_like(w)
-    gate = torch.empty_like(w)
+    z_next = s.new_empty((b, g))
+    gate = s.new_empty((b, g))
     get_ext().kcla_layer_inference(
-        s, residual, tail_scale, tail_shift, u,
+        s, residual, *tail, u,
         None if z is None else z.to(dtype).contiguous(),
         *head_params(q_kernel, k_kernel, norm_d, gate_weight, dtype),
-        weight.to(dtype).contiguous(), scale, shift, u_next, w, z_next, gate,
-        float(eps), float(key_eps), float(max_log_weight))
+        weight.to(dtype).contiguous(), *bn_params(norm, dtype), u_next, w,
+        z_next, gate,
+        float(eps), float(key_eps), float(max_log_weight), float(norm.eps),
+        float(tail_norm.eps) if tail_norm is not None else 0.0)
     return s, u_next, z_next

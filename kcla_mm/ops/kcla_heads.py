@@ -84,9 +84,8 @@ def kcla_heads(pooled: Tensor, z: Optional[Tensor], q_kernel: Tensor,
 
 def head_params(q_kernel: Tensor, k_kernel: Tensor, norm_d: Tensor,
                 gate_weight: Tensor, dtype) -> Tuple[Tensor, ...]:
-    """The heads' parameters as the extension takes them: the ECA kernels
-    and ``norm_d`` 1-D, ``gate_weight`` (G, G), all contiguous in
-    ``dtype`` (differentiable casts)."""
-    return (*(t.to(dtype).reshape(-1).contiguous()
-              for t in (q_kernel, k_kernel, norm_d)),
-            gate_weight.to(dtype).contiguous())
+    """The heads' parameters as the extension takes them, contiguous in
+    ``dtype`` (differentiable casts; the ECA kernels and ``norm_d`` of any
+    shape, ``gate_weight`` (G, G))."""
+    return tuple(t.to(dtype).contiguous()
+                 for t in (q_kernel, k_kernel, norm_d, gate_weight))

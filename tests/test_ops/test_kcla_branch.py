@@ -235,37 +235,49 @@ def test_layer_inference_matches_reference(dtype, with_u, with_tail,
 def test_raw_layer_inference_names_bad_arguments():
     ext = get_ext()
     x, u, w, z, gate, weight, _, _ = make_case()
-    scale, shift, kern = torch.ones(12), torch.zeros(12), torch.rand(3)
+    ones, zeros, kern = torch.ones(12), torch.zeros(12), torch.rand(3)
     norm_d, gate_w = torch.ones(3), torch.rand(3, 3)
 
     def call(**change):
-        args = dict(s=x.clone(), residual=None, tail_scale=None,
-                    tail_shift=None, u=u, z=z, q_kernel=kern, k_kernel=kern,
-                    norm_d=norm_d, gate_weight=gate_w, weight=weight,
-                    scale=scale, shift=shift, u_next=u.clone(),
-                    w=torch.empty_like(w), z_next=torch.empty_like(w),
-                    gate=torch.empty_like(w), eps=EPS, key_eps=1e-6,
-                    max_log_weight=10.0)
+        args = dict(s=x.clone(), residual=None, tail_weight=None,
+                    tail_bias=None, tail_mean=None, tail_var=None, u=u, z=z,
+                    q_kernel=kern, k_kernel=kern, norm_d=norm_d,
+                    gate_weight=gate_w, weight=weight, bn_weight=ones,
+                    bn_bias=zeros, bn_mean=zeros, bn_var=ones,
+                    u_next=u.clone(), w=torch.empty_like(w),
+                    z_next=torch.empty_like(w), gate=torch.empty_like(w),
+                    eps=EPS, key_eps=1e-6, max_log_weight=10.0, bn_eps=1e-5,
+                    tail_eps=1e-5)
         args.update(change)
         ext.kcla_layer_inference(**args)
 
     call()  # valid
-    with pytest.raises(RuntimeError, match='argument `k_kernel` must be 1-D '
-                       'of odd length, as long as `q_kernel`'):
+    # the ECA kernels as Conv1d keeps them, (1, 1, k), and norm_d as a
+    # (1, G, 1, 1, 1) buffer
+    call(q_kernel=kern.view(1, 1, 3), k_kernel=kern.view(1, 1, 3),
+         norm_d=norm_d.view(1, 3, 1, 1, 1))
+    with pytest.raises(RuntimeError, match='argument `k_kernel` must hold an '
+                       'odd number of elements, as many as `q_kernel`'):
         call(k_kernel=torch.rand(5))
-    with pytest.raises(RuntimeError, match='`q_kernel` must be 1-D of odd'):
+    with pytest.raises(RuntimeError, match='`q_kernel` must hold an odd'):
         call(q_kernel=torch.rand(4), k_kernel=torch.rand(4))
     with pytest.raises(RuntimeError, match='`gate_weight` must be \\(G, G\\) '
                        'with G = 3'):
         call(gate_weight=torch.rand(3, 2))
-    with pytest.raises(RuntimeError, match='`norm_d` must be \\(G,\\)'):
+    with pytest.raises(RuntimeError, match='`norm_d` must hold G = 3 '
+                       'elements'):
         call(norm_d=torch.ones(4))
     with pytest.raises(RuntimeError, match='`u` and `z` must be given '
                        'together'):
         call(z=None)
-    with pytest.raises(RuntimeError, match='`tail_scale` and `tail_shift` '
-                       'must be given together'):
-        call(tail_scale=scale)
+    with pytest.raises(RuntimeError, match='`tail_weight`, `tail_bias`, '
+                       '`tail_mean` and `tail_var` must be given together'):
+        call(tail_weight=ones, tail_bias=zeros)
+    with pytest.raises(RuntimeError, match='argument `bn_var` must be \\(C,\\) '
+                       'with C = 12'):
+        call(bn_var=torch.ones(6))
+    with pytest.raises(RuntimeError, match='BN eps must be positive'):
+        call(bn_eps=0.0)
     with pytest.raises(RuntimeError, match='argument `residual` must have '
                        'the shape of `s`'):
         call(residual=x[:, :6].contiguous())

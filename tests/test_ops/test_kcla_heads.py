@@ -73,9 +73,19 @@ def test_raw_heads_ops_name_bad_arguments():
         ext.kcla_heads_forward(pooled, z, qk.view(-1), kk.view(-1), norm_d,
                                gate_w, torch.empty(3, 5), z_next, gate, 1e-6,
                                10.0)
-    with pytest.raises(RuntimeError, match='argument `q_kernel` must be 1-D'):
-        ext.kcla_heads_forward(pooled, z, qk.view(1, -1), kk.view(-1),
+    with pytest.raises(RuntimeError, match='argument `q_kernel` must hold '
+                       'an odd number of elements'):
+        ext.kcla_heads_forward(pooled, z, qk.view(-1)[:4], kk.view(-1)[:4],
                                norm_d, gate_w, w, z_next, gate, 1e-6, 10.0)
+    # any shape of k elements (Conv1d's (1, 1, k)) gives the 1-D result
+    outs = [torch.empty(3, 3) for _ in range(3)]
+    ext.kcla_heads_forward(pooled, z, qk.view(-1), kk.view(-1), norm_d,
+                           gate_w, *outs, 1e-6, 10.0)
+    ext.kcla_heads_forward(pooled, z, qk.view(1, 1, -1), kk.view(1, 1, -1),
+                           norm_d.view(1, -1, 1, 1, 1), gate_w, w, z_next,
+                           gate, 1e-6, 10.0)
+    for got, want in zip((w, z_next, gate), outs):
+        assert torch.equal(got, want)
     with pytest.raises(RuntimeError, match='kcla_heads_backward: argument '
                        '`grad_pooled` must have the shape of `pooled`'):
         ext.kcla_heads_backward(pooled, qk.view(-1), kk.view(-1), norm_d,

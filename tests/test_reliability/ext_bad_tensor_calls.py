@@ -56,7 +56,7 @@ def tensors():
         pooled=pl(), grad_pooled=pl(), stats=pl(2), bn_sums=pl(2),
         head_sums=pl(3), weight_sums=pl(9),
         mask=torch.zeros(B, C, (H * W + 7) // 8, dtype=torch.uint8),
-        tail_scale=ch(), tail_shift=ch(), q_kernel=torch.rand(3, **f),
+        q_kernel=torch.rand(3, **f),
         k_kernel=torch.rand(3, **f), norm_d=torch.rand(G, **f) + 0.5,
         gate_weight=torch.rand(G, G, **f), z_next=hd(), w_out=hd(),
         gate_out=hd(), pooled_in=torch.rand(B, C, **f),
@@ -91,9 +91,11 @@ ENTRIES = {
                                   'grad_x grad_u u_prev grad_w grad_z '
                                   'grad_gate grad_weight grad_bn_weight '
                                   'grad_bn_bias',
-    'kcla_layer_inference': 's residual tail_scale tail_shift u z q_kernel '
-                            'k_kernel norm_d gate_weight weight scale shift '
-                            'u_next w_out z_next gate_out',
+    'kcla_layer_inference': 's residual bn_weight bn_bias running_mean '
+                            'running_var u z q_kernel k_kernel norm_d '
+                            'gate_weight weight bn_weight bn_bias '
+                            'running_mean running_var u_next w_out z_next '
+                            'gate_out',
     'kcla_heads_forward': 'pooled_in z q_kernel k_kernel norm_d gate_weight '
                           'w_out z_next gate_out',
     'kcla_heads_backward': 'pooled_in q_kernel k_kernel norm_d gate_weight '
@@ -105,7 +107,7 @@ NO_EPS = ('kcla_relu_pool_forward', 'kcla_relu_pool_backward')
 PRE_EPS = {'kcla_branch_train_forward': (0.1, 1e-5),
            'kcla_branch_train_backward': (True,)}
 # scalars after eps (the heads ops take key_eps in its place)
-MORE_SCALARS = {'kcla_layer_inference': (1e-6, 10.0),
+MORE_SCALARS = {'kcla_layer_inference': (1e-6, 10.0, 1e-5, 1e-5),
                 'kcla_heads_forward': (10.0,),
                 'kcla_heads_backward': (10.0,)}
 

@@ -28,7 +28,7 @@ from kcla_mm.ops.kcla_heads import kcla_heads
 from kcla_mm.ops.kcla_state import IMPLS
 from .eca import build_eca_conv, eca_project, eca_project_pair
 from .state import KCLAState
-from .utils import (check_bool, check_feature, check_head_dim,
+from .utils import (autocast_off, check_bool, check_feature, check_head_dim,
                     check_layer_cfg, check_positive_float,
                     check_positive_int, check_probability,
                     check_temperature_range, log_uniform_temperatures,
@@ -570,11 +570,7 @@ class KCLALayer(BaseModule):
                     f'{getattr(shortcut, "shape", type(shortcut).__name__)}')
         b, c, h, w = x.shape
         g = self.num_heads
-        # no autocast on devices without it (e.g. 'meta' for shape runs)
-        no_autocast = torch.autocast(device_type=x.device.type,
-                                     enabled=False) \
-            if torch.amp.is_autocast_available(x.device.type) else \
-            contextlib.nullcontext()
+        no_autocast = autocast_off(x.device.type)
         folds = relu_input and self.folds_tail_norm(x, tail_norm)
         if tail_norm is not None and not folds:
             x = tail_norm(x)

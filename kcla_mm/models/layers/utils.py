@@ -1,4 +1,6 @@
-"""Argument checks shared by the layer-attention modules."""
+"""Argument checks and dtype helpers shared by the layer-attention
+modules."""
+import contextlib
 import inspect
 import math
 from typing import Optional
@@ -11,6 +13,16 @@ from torch import Tensor
 def state_dtype(x: Tensor) -> torch.dtype:
     """float64 for float64 inputs, else float32 (also under autocast)."""
     return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def autocast_off(device_type: str):
+    """A context that turns autocast off on ``device_type`` where it is on;
+    else (also on devices without autocast, e.g. 'meta' for shape runs) a
+    no-op."""
+    if torch.amp.is_autocast_available(device_type) and \
+            torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type=device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def check_feature(x: Tensor, channels: int, owner: str) -> None:

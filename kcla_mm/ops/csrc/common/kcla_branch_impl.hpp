@@ -114,25 +114,32 @@ void kcla_branch_train_backward_impl(
     at::Tensor grad_w, at::Tensor grad_z, at::Tensor grad_gate,
     at::Tensor grad_weight, at::Tensor grad_bn_weight,
     at::Tensor grad_bn_bias, bool batch_stats, double eps);
-// A whole KCLALayer in inference (eval BN folded into scale, shift; keep =
-// 1), sample by sample:
-//   x = ReLU(tail_scale * s + tail_shift + residual)   (in place over s;
-//       the block's last BN as an affine and its shortcut, both optional)
+// A whole KCLALayer in inference (keep = 1), sample by sample, with two
+// eval BNs given by their parameters and running statistics and folded
+// here (BN(v) = scale * v + shift, scale = weight / sqrt(var + eps)):
+//   x = ReLU(tail BN(s) + residual)   (in place over s; the block's last
+//       BN (tail_weight, tail_bias, tail_mean, tail_var, tail_eps) and its
+//       shortcut, both optional)
 //   Q, K = Conv1d_q, Conv1d_k (GAP(x)) with the odd-length kernels
-//       q_kernel, k_kernel (k,), zero padding (k - 1) / 2, viewed (B, G, d)
+//       q_kernel, k_kernel (k elements), zero padding (k - 1) / 2, viewed
+//       (B, G, d)
 //   w = exp(min(|K_g| / norm_d_g, max_log_weight)); z_next = z + w (z
 //       undefined: w); gate = sigmoid(gate_weight @ rel), rel_g = <Q_g,
-//       K_g> / max(|K_g|, key_eps); norm_d (G,), gate_weight (G, G)
-//   then kcla_branch_forward: u_next (may alias u) and out over s.
+//       K_g> / max(|K_g|, key_eps); norm_d (G elements), gate_weight (G, G)
+//   then kcla_branch_forward with the branch BN (bn_weight, bn_bias,
+//       bn_mean, bn_var, bn_eps): u_next (may alias u) and out over s.
 // w, z_next, gate: (B, G) outputs.
 void kcla_layer_inference_impl(
-    at::Tensor s, const at::Tensor residual, const at::Tensor tail_scale,
-    const at::Tensor tail_shift, const at::Tensor u, const at::Tensor z,
+    at::Tensor s, const at::Tensor residual, const at::Tensor tail_weight,
+    const at::Tensor tail_bias, const at::Tensor tail_mean,
+    const at::Tensor tail_var, const at::Tensor u, const at::Tensor z,
     const at::Tensor q_kernel, const at::Tensor k_kernel,
     const at::Tensor norm_d, const at::Tensor gate_weight,
-    const at::Tensor weight, const at::Tensor scale, const at::Tensor shift,
-    at::Tensor u_next, at::Tensor w, at::Tensor z_next, at::Tensor gate,
-    double eps, double key_eps, double max_log_weight);
+    const at::Tensor weight, const at::Tensor bn_weight,
+    const at::Tensor bn_bias, const at::Tensor bn_mean,
+    const at::Tensor bn_var, at::Tensor u_next, at::Tensor w,
+    at::Tensor z_next, at::Tensor gate, double eps, double key_eps,
+    double max_log_weight, double bn_eps, double tail_eps);
 
 // KCLALayer's heads (steps 1-3 above) from pooled (B, C): w, z_next, gate
 // (B, G) outputs, z (B, G) optional. The backward takes grad_w (that of w
@@ -214,13 +221,16 @@ void kcla_branch_train_backward(
     at::Tensor grad_weight, at::Tensor grad_bn_weight,
     at::Tensor grad_bn_bias, bool batch_stats, double eps);
 void kcla_layer_inference(
-    at::Tensor s, const OptTensor residual, const OptTensor tail_scale,
-    const OptTensor tail_shift, const OptTensor u, const OptTensor z,
+    at::Tensor s, const OptTensor residual, const OptTensor tail_weight,
+    const OptTensor tail_bias, const OptTensor tail_mean,
+    const OptTensor tail_var, const OptTensor u, const OptTensor z,
     const at::Tensor q_kernel, const at::Tensor k_kernel,
     const at::Tensor norm_d, const at::Tensor gate_weight,
-    const at::Tensor weight, const at::Tensor scale, const at::Tensor shift,
-    at::Tensor u_next, at::Tensor w, at::Tensor z_next, at::Tensor gate,
-    double eps, double key_eps, double max_log_weight);
+    const at::Tensor weight, const at::Tensor bn_weight,
+    const at::Tensor bn_bias, const at::Tensor bn_mean,
+    const at::Tensor bn_var, at::Tensor u_next, at::Tensor w,
+    at::Tensor z_next, at::Tensor gate, double eps, double key_eps,
+    double max_log_weight, double bn_eps, double tail_eps);
 void kcla_heads_forward(const at::Tensor pooled, const OptTensor z,
                         const at::Tensor q_kernel, const at::Tensor k_kernel,
                         const at::Tensor norm_d, const at::Tensor gate_weight,

@@ -100,17 +100,21 @@ void kcla_branch_train_backward_impl(
 }
 
 void kcla_layer_inference_impl(
-    at::Tensor s, const at::Tensor residual, const at::Tensor tail_scale,
-    const at::Tensor tail_shift, const at::Tensor u, const at::Tensor z,
+    at::Tensor s, const at::Tensor residual, const at::Tensor tail_weight,
+    const at::Tensor tail_bias, const at::Tensor tail_mean,
+    const at::Tensor tail_var, const at::Tensor u, const at::Tensor z,
     const at::Tensor q_kernel, const at::Tensor k_kernel,
     const at::Tensor norm_d, const at::Tensor gate_weight,
-    const at::Tensor weight, const at::Tensor scale, const at::Tensor shift,
-    at::Tensor u_next, at::Tensor w, at::Tensor z_next, at::Tensor gate,
-    double eps, double key_eps, double max_log_weight) {
-  DISPATCH_DEVICE_IMPL(kcla_layer_inference_impl, s, residual, tail_scale,
-                       tail_shift, u, z, q_kernel, k_kernel, norm_d,
-                       gate_weight, weight, scale, shift, u_next, w, z_next,
-                       gate, eps, key_eps, max_log_weight);
+    const at::Tensor weight, const at::Tensor bn_weight,
+    const at::Tensor bn_bias, const at::Tensor bn_mean,
+    const at::Tensor bn_var, at::Tensor u_next, at::Tensor w,
+    at::Tensor z_next, at::Tensor gate, double eps, double key_eps,
+    double max_log_weight, double bn_eps, double tail_eps) {
+  DISPATCH_DEVICE_IMPL(kcla_layer_inference_impl, s, residual, tail_weight,
+                       tail_bias, tail_mean, tail_var, u, z, q_kernel,
+                       k_kernel, norm_d, gate_weight, weight, bn_weight,
+                       bn_bias, bn_mean, bn_var, u_next, w, z_next, gate, eps,
+                       key_eps, max_log_weight, bn_eps, tail_eps);
 }
 
 void kcla_heads_forward_impl(const at::Tensor pooled, const at::Tensor z,
@@ -186,8 +190,9 @@ void check_backward_args(const FeatureArgChecker& ck,
   ck.map(u_prev, "u_prev");
 }
 
-// The heads' parameters: two odd-length ECA kernels of one length,
-// norm_d (G,), gate_weight (G, G), on `ref`'s device with its dtype.
+// The heads' parameters, contiguous and of any shape: two ECA kernels of
+// one odd number of elements k, norm_d of G elements, gate_weight (G, G),
+// on `ref`'s device with its dtype.
 void check_head_params(const char* op, const at::Tensor& ref,
                        const char* ref_name, const at::Tensor& q_kernel,
                        const at::Tensor& k_kernel, const at::Tensor& norm_d,
@@ -200,15 +205,15 @@ void check_head_params(const char* op, const at::Tensor& ref,
                              std::make_pair(&k_kernel, "k_kernel")}) {
     const at::Tensor& t = *kernel.first;
     operand(t, kernel.second);
-    TORCH_CHECK(t.dim() == 1 && t.size(0) % 2 == 1 &&
-                    t.size(0) == q_kernel.size(0),
-                op, ": argument `", kernel.second,
-                "` must be 1-D of odd length, as long as `q_kernel` (",
-                q_kernel.sizes(), "), got ", t.sizes());
+    TORCH_CHECK(t.numel() % 2 == 1 && t.numel() == q_kernel.numel(), op,
+                ": argument `", kernel.second,
+                "` must hold an odd number of elements, as many as "
+                "`q_kernel` (", q_kernel.numel(), "), got shape ",
+                t.sizes());
   }
   operand(norm_d, "norm_d");
-  TORCH_CHECK(norm_d.dim() == 1 && norm_d.size(0) == G, op,
-              ": argument `norm_d` must be (G,) with G = ", G, ", got ",
+  TORCH_CHECK(norm_d.numel() == G, op,
+              ": argument `norm_d` must hold G = ", G, " elements, got shape ",
               norm_d.sizes());
   operand(gate_weight, "gate_weight");
   TORCH_CHECK(gate_weight.dim() == 2 && gate_weight.size(0) == G &&
@@ -441,25 +446,32 @@ void kcla_branch_train_backward(
 }
 
 void kcla_layer_inference(
-    at::Tensor s, const OptTensor residual, const OptTensor tail_scale,
-    const OptTensor tail_shift, const OptTensor u, const OptTensor z,
+    at::Tensor s, const OptTensor residual, const OptTensor tail_weight,
+    const OptTensor tail_bias, const OptTensor tail_mean,
+    const OptTensor tail_var, const OptTensor u, const OptTensor z,
     const at::Tensor q_kernel, const at::Tensor k_kernel,
     const at::Tensor norm_d, const at::Tensor gate_weight,
-    const at::Tensor weight, const at::Tensor scale, const at::Tensor shift,
-    at::Tensor u_next, at::Tensor w, at::Tensor z_next, at::Tensor gate,
-    double eps, double key_eps, double max_log_weight) {
+    const at::Tensor weight, const at::Tensor bn_weight,
+    const at::Tensor bn_bias, const at::Tensor bn_mean,
+    const at::Tensor bn_var, at::Tensor u_next, at::Tensor w,
+    at::Tensor z_next, at::Tensor gate, double eps, double key_eps,
+    double max_log_weight, double bn_eps, double tail_eps) {
   const char* op = "kcla_layer_inference";
   FeatureArgChecker ck(op, s, w, false, "s");
   const at::Tensor residual_t = optional_tensor(residual);
-  const at::Tensor tail_scale_t = optional_tensor(tail_scale);
-  const at::Tensor tail_shift_t = optional_tensor(tail_shift);
+  const at::Tensor tail[] = {
+      optional_tensor(tail_weight), optional_tensor(tail_bias),
+      optional_tensor(tail_mean), optional_tensor(tail_var)};
   const at::Tensor u_t = optional_tensor(u), z_t = optional_tensor(z);
   ck.map(residual_t, "residual");
-  TORCH_CHECK(tail_scale_t.defined() == tail_shift_t.defined(), op,
-              ": `tail_scale` and `tail_shift` must be given together");
-  if (tail_scale_t.defined()) {
-    ck.channels(tail_scale_t, "tail_scale");
-    ck.channels(tail_shift_t, "tail_shift");
+  const char* tail_names[] = {"tail_weight", "tail_bias", "tail_mean",
+                              "tail_var"};
+  for (int i = 0; i < 4; ++i) {
+    TORCH_CHECK(tail[i].defined() == tail[0].defined(), op,
+                ": `tail_weight`, `tail_bias`, `tail_mean` and `tail_var` "
+                "must be given together (the block's last BN) or all be "
+                "None");
+    if (tail[i].defined()) ck.channels(tail[i], tail_names[i]);
   }
   ck.map(u_t, "u");
   if (z_t.defined()) ck.heads(z_t, "z");
@@ -469,15 +481,21 @@ void kcla_layer_inference(
   check_head_params(op, s, "s", q_kernel, k_kernel, norm_d, gate_weight,
                     w.size(1));
   ck.kernel(weight, "weight");
-  ck.channels(scale, "scale");
-  ck.channels(shift, "shift");
+  ck.channels(bn_weight, "bn_weight");
+  ck.channels(bn_bias, "bn_bias");
+  ck.channels(bn_mean, "bn_mean");
+  ck.channels(bn_var, "bn_var");
   ck.map(u_next, "u_next");
   ck.heads(z_next, "z_next");
   ck.heads(gate, "gate");
-  kcla_layer_inference_impl(s, residual_t, tail_scale_t, tail_shift_t, u_t,
-                            z_t, q_kernel, k_kernel, norm_d, gate_weight,
-                            weight, scale, shift, u_next, w, z_next, gate,
-                            eps, key_eps, max_log_weight);
+  TORCH_CHECK(bn_eps > 0 && (!tail[0].defined() || tail_eps > 0), op,
+              ": BN eps must be positive, got bn_eps=", bn_eps,
+              ", tail_eps=", tail_eps);
+  kcla_layer_inference_impl(s, residual_t, tail[0], tail[1], tail[2],
+                            tail[3], u_t, z_t, q_kernel, k_kernel, norm_d,
+                            gate_weight, weight, bn_weight, bn_bias, bn_mean,
+                            bn_var, u_next, w, z_next, gate, eps, key_eps,
+                            max_log_weight, bn_eps, tail_eps);
 }
 
 void kcla_heads_forward(const at::Tensor pooled, const OptTensor z,

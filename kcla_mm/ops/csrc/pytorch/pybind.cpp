@@ -128,15 +128,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("grad_weight"), py::arg("grad_bn_weight"),
         py::arg("grad_bn_bias"), py::arg("batch_stats"), py::arg("eps"));
   m.def("kcla_layer_inference", &kcla_layer_inference,
-        "a whole KCLA layer in inference: ReLU(tail affine + residual) and "
-        "GAP, the heads, then the branch; out over s, u_next may alias u",
-        py::arg("s"), py::arg("residual"), py::arg("tail_scale"),
-        py::arg("tail_shift"), py::arg("u"), py::arg("z"),
-        py::arg("q_kernel"), py::arg("k_kernel"), py::arg("norm_d"),
-        py::arg("gate_weight"), py::arg("weight"), py::arg("scale"),
-        py::arg("shift"), py::arg("u_next"), py::arg("w"), py::arg("z_next"),
-        py::arg("gate"), py::arg("eps"), py::arg("key_eps"),
-        py::arg("max_log_weight"));
+        "a whole KCLA layer in inference: ReLU(tail BN + residual) and GAP, "
+        "the heads, then the branch, both eval BNs folded; out over s, "
+        "u_next may alias u",
+        py::arg("s"), py::arg("residual"), py::arg("tail_weight"),
+        py::arg("tail_bias"), py::arg("tail_mean"), py::arg("tail_var"),
+        py::arg("u"), py::arg("z"), py::arg("q_kernel"), py::arg("k_kernel"),
+        py::arg("norm_d"), py::arg("gate_weight"), py::arg("weight"),
+        py::arg("bn_weight"), py::arg("bn_bias"), py::arg("bn_mean"),
+        py::arg("bn_var"), py::arg("u_next"), py::arg("w"),
+        py::arg("z_next"), py::arg("gate"), py::arg("eps"),
+        py::arg("key_eps"), py::arg("max_log_weight"), py::arg("bn_eps"),
+        py::arg("tail_eps"));
   m.def("kcla_heads_forward", &kcla_heads_forward,
         "the KCLA heads from pooled features: w, z_next = z + w, gate",
         py::arg("pooled"), py::arg("z"), py::arg("q_kernel"),

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -602,7 +603,8 @@ void branch_train_forward(
 }
 
 // The heads' parameters (spec section 2, steps 1-3): ECA kernels kq, kk
-// of odd length k, the temperatures norm_d and gate_w (G, G), raw.
+// of an odd number k of elements, the temperatures norm_d (G elements) and
+// gate_w (G, G), raw.
 template <typename T>
 struct HeadOperands {
   const T *kq, *kk;
@@ -613,7 +615,7 @@ struct HeadOperands {
                const at::Tensor& norm_d_, const at::Tensor& gate_weight,
                double key_eps_, double max_log_)
       : kq(q_kernel.data_ptr<T>()), kk(k_kernel.data_ptr<T>()),
-        k(q_kernel.size(0)), norm_d(norm_d_.data_ptr<T>()),
+        k(q_kernel.numel()), norm_d(norm_d_.data_ptr<T>()),
         gate_w(gate_weight.data_ptr<T>()), key_eps(key_eps_),
         max_log(max_log_) {}
 };
@@ -764,26 +766,52 @@ void heads_backward(const at::Tensor& pooled, const at::Tensor& q_kernel,
   }
 }
 
+// An eval BN as an affine, BN(v) = scale[c] * v + shift[c], from its
+// parameters and running statistics (C values each), as torch folds it
+// (in T).
+template <typename T>
+struct FoldedBN {
+  std::vector<T> scale, shift;
+  FoldedBN(const at::Tensor& weight, const at::Tensor& bias,
+           const at::Tensor& mean, const at::Tensor& var, double eps)
+      : scale(weight.numel()), shift(weight.numel()) {
+    const T *pw = weight.data_ptr<T>(), *pb = bias.data_ptr<T>();
+    const T *pm = mean.data_ptr<T>(), *pv = var.data_ptr<T>();
+    for (size_t c = 0; c < scale.size(); ++c) {
+      scale[c] = pw[c] * (T(1) / std::sqrt(pv[c] + T(eps)));
+      shift[c] = pb[c] - pm[c] * scale[c];
+    }
+  }
+};
+
 // A whole KCLALayer in inference, one sample at a time (its maps are still
-// in cache when the branch reads them): relu_pool with the block's tail
-// affine, the heads, then branch_forward (keep = 1).
+// in cache when the branch reads them): relu_pool with the block's tail BN
+// folded, the heads, then branch_forward (keep = 1) with the branch BN
+// folded.
 template <typename T>
 void layer_inference(at::Tensor& s, const at::Tensor& residual,
-                     const at::Tensor& tail_scale,
-                     const at::Tensor& tail_shift, const at::Tensor& u,
+                     const at::Tensor& tail_weight,
+                     const at::Tensor& tail_bias, const at::Tensor& tail_mean,
+                     const at::Tensor& tail_var, const at::Tensor& u,
                      const at::Tensor& z, const at::Tensor& q_kernel,
                      const at::Tensor& k_kernel, const at::Tensor& norm_d,
                      const at::Tensor& gate_weight, const at::Tensor& weight,
-                     const at::Tensor& scale, const at::Tensor& shift,
+                     const at::Tensor& bn_weight, const at::Tensor& bn_bias,
+                     const at::Tensor& bn_mean, const at::Tensor& bn_var,
                      at::Tensor& u_next, at::Tensor& w, at::Tensor& z_next,
                      at::Tensor& gate, double eps, double key_eps,
-                     double max_log_weight) {
+                     double max_log_weight, double bn_eps, double tail_eps) {
   const Dims dm(s, w.size(1));
   const int64_t C = dm.C, G = dm.G;
   T* ps = s.data_ptr<T>();
   const T* pr = data_ptr_or_null<T>(residual);
-  const T* ptsc = data_ptr_or_null<T>(tail_scale);
-  const T* ptsh = data_ptr_or_null<T>(tail_shift);
+  const FoldedBN<T> bn(bn_weight, bn_bias, bn_mean, bn_var, bn_eps);
+  std::optional<FoldedBN<T>> tail;
+  if (tail_weight.defined()) {
+    tail.emplace(tail_weight, tail_bias, tail_mean, tail_var, tail_eps);
+  }
+  const T* ptsc = tail ? tail->scale.data() : nullptr;
+  const T* ptsh = tail ? tail->shift.data() : nullptr;
   const T* pz = data_ptr_or_null<T>(z);
   T *pw = w.data_ptr<T>(), *pzn = z_next.data_ptr<T>();
   T* pg = gate.data_ptr<T>();
@@ -793,8 +821,8 @@ void layer_inference(at::Tensor& s, const at::Tensor& residual,
                              pzn,
                              pg,
                              weight.data_ptr<T>(),
-                             scale.data_ptr<T>(),
-                             shift.data_ptr<T>(),
+                             bn.scale.data(),
+                             bn.shift.data(),
                              nullptr,
                              u_next.data_ptr<T>(),
                              ps,
@@ -1254,19 +1282,23 @@ void branch_train_backward_cpu(
 }
 
 void layer_inference_cpu(
-    at::Tensor s, const at::Tensor residual, const at::Tensor tail_scale,
-    const at::Tensor tail_shift, const at::Tensor u, const at::Tensor z,
+    at::Tensor s, const at::Tensor residual, const at::Tensor tail_weight,
+    const at::Tensor tail_bias, const at::Tensor tail_mean,
+    const at::Tensor tail_var, const at::Tensor u, const at::Tensor z,
     const at::Tensor q_kernel, const at::Tensor k_kernel,
     const at::Tensor norm_d, const at::Tensor gate_weight,
-    const at::Tensor weight, const at::Tensor scale, const at::Tensor shift,
-    at::Tensor u_next, at::Tensor w, at::Tensor z_next, at::Tensor gate,
-    double eps, double key_eps, double max_log_weight) {
+    const at::Tensor weight, const at::Tensor bn_weight,
+    const at::Tensor bn_bias, const at::Tensor bn_mean,
+    const at::Tensor bn_var, at::Tensor u_next, at::Tensor w,
+    at::Tensor z_next, at::Tensor gate, double eps, double key_eps,
+    double max_log_weight, double bn_eps, double tail_eps) {
   KCLA_DISPATCH_CPU(s.scalar_type(), "kcla_layer_inference_cpu",
                     layer_inference<scalar_t>(
-                        s, residual, tail_scale, tail_shift, u, z, q_kernel,
-                        k_kernel, norm_d, gate_weight, weight, scale, shift,
-                        u_next, w, z_next, gate, eps, key_eps,
-                        max_log_weight));
+                        s, residual, tail_weight, tail_bias, tail_mean,
+                        tail_var, u, z, q_kernel, k_kernel, norm_d,
+                        gate_weight, weight, bn_weight, bn_bias, bn_mean,
+                        bn_var, u_next, w, z_next, gate, eps, key_eps,
+                        max_log_weight, bn_eps, tail_eps));
 }
 
 void heads_forward_cpu(const at::Tensor pooled, const at::Tensor z,
