@@ -52,3 +52,32 @@ def test_external_attention_section_memory_scaling(tmp_path):
     assert nl_saved[2] / nl_saved[1] > 8  # dominated by the N x N map
     assert rows[4096][6] > 4 * rows[4096][5]  # peak: NonLocal2d >> EA
     assert plot.stat().st_size > 0
+
+
+def test_fused_op_section_times_the_same_maths():
+    """(c) compares like with like: the fused op and its PyTorch reference,
+    as the benchmark runs them, give the same outputs, gradients and BN
+    running statistics."""
+    import copy
+    import os.path as osp
+
+    import torch
+    sys.path.insert(0, osp.join(ROOT, 'tools', 'analysis'))
+    try:
+        import benchmark_kcla as bench
+    finally:
+        sys.path.pop(0)
+    case = bench.branch_case(128, 5, 'cpu')
+    results = []
+    for fn in (bench.branch_reference, bench.branch_fused):
+        s, r, u, w, z, gate, weight, keep, norm = copy.deepcopy(case)
+        leaves = (s, r, w, z, gate, weight, norm.weight, norm.bias)
+        outs = fn(s * 1.0, r, u, w, z, gate, weight, keep, norm)
+        seeds = [torch.linspace(-1, 1, t.numel()).view_as(t) for t in outs]
+        torch.autograd.backward(outs, seeds)
+        results.append([t.detach() for t in outs] +
+                       [t.grad for t in leaves] +
+                       [norm.running_mean, norm.running_var])
+    assert len(results[0]) == 13
+    for ref, fused in zip(*results):
+        torch.testing.assert_close(fused, ref, rtol=1e-4, atol=1e-4)

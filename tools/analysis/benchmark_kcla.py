@@ -42,7 +42,7 @@ from kcla_mm.models import ResNetKCLA
 from kcla_mm.models.layers import (ExternalAttention, KCLALayer,
                                    LayerAttention, MRLALight)
 from kcla_mm.ops import kcla_state_update_reference
-from kcla_mm.ops.kcla_branch import kcla_branch, relu_pool
+from kcla_mm.ops.kcla_branch import GradHandoff, kcla_branch, relu_pool
 
 STAGES_R50 = ((256, 56), (512, 28), (1024, 14), (2048, 7))
 
@@ -249,10 +249,13 @@ def branch_reference(s, r, u, w, z, gate, weight, keep, norm, eps=1e-3):
 
 
 def branch_fused(s, r, u, w, z, gate, weight, keep, norm, eps=1e-3):
-    """The fused op: relu_pool, then the branch written over its output."""
-    x, pooled = relu_pool(s, r)
+    """The fused op as KCLALayer runs it: relu_pool, then the branch
+    written over its output, whose backward hands its gradient of x to
+    relu_pool's backward to overwrite."""
+    handoff = GradHandoff()
+    x, pooled = relu_pool(s, r, handoff)
     out, u_next = kcla_branch(x, u, w, z, gate, weight, norm, keep, eps,
-                              out_in_place=True)
+                              out_in_place=True, x_handoff=handoff)
     return out, u_next, pooled
 
 
