@@ -483,9 +483,9 @@ def kcla_layer_inference(s: Tensor,
     ``x = ReLU(tail_norm(s) + residual)`` (both optional), the heads from
     ``GAP(x)`` (ECA kernels ``q_kernel``, ``k_kernel`` (k elements),
     ``norm_d`` (G elements), ``gate_weight`` (G, G)) and ``u_next = u + w *
-    x``; both BNs are folded inside the op. ``s`` (B, C,
-    H, W) contiguous is overwritten with ``out``; ``u`` (with ``z`` (B, G),
-    or neither: the first layer) is updated in place.
+    x``; both BNs are folded inside the op. ``s`` (B, C, H, W) contiguous
+    is overwritten with ``out``; ``u`` (with ``z`` (B, G), or neither: the
+    first layer) is updated in place.
     """
     dtype = s.dtype
     b, g = s.shape[0], gate_weight.shape[0]
@@ -499,7 +499,6 @@ def kcla_layer_inference(s: Tensor,
         None if z is None else z.to(dtype).contiguous(),
         *head_params(q_kernel, k_kernel, norm_d, gate_weight, dtype),
         weight.to(dtype).contiguous(), *bn_params(norm, dtype), u_next, w,
-        z_next, gate,
-        float(eps), float(key_eps), float(max_log_weight), float(norm.eps),
-        float(tail_norm.eps) if tail_norm is not None else 0.0)
+        z_next, gate, float(eps), float(key_eps), float(max_log_weight),
+        float(norm.eps), 0.0 if tail_norm is None else float(tail_norm.eps))
     return s, u_next, z_next
