@@ -1,4 +1,5 @@
 """Shared pieces of the tests that drive mmdet's own tools."""
+import importlib.util
 import os.path as osp
 import subprocess
 import sys
@@ -6,6 +7,16 @@ import sys
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DEMO_CONFIG = osp.join(ROOT, 'configs', 'demo',
                        'faster-rcnn_r18-kcla_fpn_synthetic-coco.py')
+ANALYSIS = osp.join(ROOT, 'tools', 'analysis')
+
+
+def load_tool(name):
+    """tools/analysis/<name>.py as a module."""
+    spec = importlib.util.spec_from_file_location(
+        f'analysis_{name}', osp.join(ANALYSIS, f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def make_synthetic_coco(root, num_train: int, num_val: int) -> str:

@@ -2,7 +2,6 @@
 they write are recomputed here independently (from the spec's formulas and
 the layers' own weights), on small ResNet-18 backbones (base width 16, head
 dim 16) and three tiny random PNGs."""
-import importlib.util
 import json
 import logging
 import math
@@ -17,20 +16,11 @@ import torch.nn.functional as F
 from PIL import Image
 
 from kcla_mm.models import ResNetKCLA
-from .helpers import ROOT
+from .helpers import ANALYSIS, ROOT, load_tool
 
-ANALYSIS = osp.join(ROOT, 'tools', 'analysis')
 SMALL = dict(depth=18, base_channels=16, head_dim=16)
 SMALL_ARGS = ['--depth', '18', '--base-channels', '16', '--head-dim', '16',
               '--img-size', '64']
-
-
-def load_tool(name):
-    spec = importlib.util.spec_from_file_location(
-        f'analysis_{name}', osp.join(ANALYSIS, f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope='module')

@@ -4,7 +4,7 @@ no timing is asserted)."""
 import subprocess
 import sys
 
-from .helpers import ROOT
+from .helpers import ROOT, load_tool
 
 
 def test_depth_section_state_sizes():
@@ -59,14 +59,9 @@ def test_fused_op_section_times_the_same_maths():
     as the benchmark runs them, give the same outputs, gradients and BN
     running statistics."""
     import copy
-    import os.path as osp
 
     import torch
-    sys.path.insert(0, osp.join(ROOT, 'tools', 'analysis'))
-    try:
-        import benchmark_kcla as bench
-    finally:
-        sys.path.pop(0)
+    bench = load_tool('benchmark_kcla')
     case = bench.branch_case(128, 5, 'cpu')
     results = []
     for fn in (bench.branch_reference, bench.branch_fused):
