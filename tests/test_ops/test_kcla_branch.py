@@ -170,6 +170,18 @@ def test_odd_and_tiny_planes(size, branch_path):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize('training', [True, False])
+@pytest.mark.parametrize('b,c,h,w', [(3, 12, 7, 7), (2, 8, 8, 8), (1, 9, 3, 3),
+                                     (4, 4100, 8, 8)])
+def test_small_planes_in_lane_groups(b, c, h, w, training, branch_path):
+    """Planes of up to 64 values, which the AVX2 kernels take eight at a
+    time: groups across two samples (12 channels), whole groups only (16
+    planes of 64 values), a group and one plane left over (9 planes of 9),
+    and maps over 4 MiB (run a block of channels at a time)."""
+    case = make_case(b=b, c=c, h=h, w=w, g=c // 4 if c % 4 == 0 else c // 3)
+    check_branch_against_reference(case, training, scaled_atol=True)
+
+
 def reference_heads(pooled, q_kernel, k_kernel, norm_d, gate_weight, z,
                     key_eps=1e-6):
     """Spec steps 1-3 with torch ops: (w, z_next, gate), each (B, G)."""
@@ -563,15 +575,20 @@ def test_baseline_and_avx2_kernels_agree():
 
 
 def run_reference_case():
-    """Outputs and gradients of the fused branch on a fixed float32 case."""
-    x, u, w, z, gate, weight, norm, keep = make_case(b=3, c=12, h=13, w=11)
-    norm.train()
-    leaves = [t.requires_grad_() for t in (x, u, w, z, gate, weight)]
-    out = kcla_branch(x, u, w, z, gate, weight, norm, keep, EPS)
-    grads = torch.autograd.grad(out, leaves + [norm.weight, norm.bias],
-                                [torch.ones_like(out[0]),
-                                 torch.ones_like(out[1])])
-    return [t.detach() for t in out] + list(grads)
+    """Outputs and gradients of the fused branch on two fixed float32 cases:
+    13x11 planes, and 7x7 ones (which the AVX2 copy runs in lane groups)."""
+    results = []
+    for h, w in ((13, 11), (7, 7)):
+        x, u, wt, z, gate, weight, norm, keep = make_case(b=3, c=12, h=h,
+                                                          w=w)
+        norm.train()
+        leaves = [t.requires_grad_() for t in (x, u, wt, z, gate, weight)]
+        out = kcla_branch(x, u, wt, z, gate, weight, norm, keep, EPS)
+        grads = torch.autograd.grad(out, leaves + [norm.weight, norm.bias],
+                                    [torch.ones_like(out[0]),
+                                     torch.ones_like(out[1])])
+        results += [t.detach() for t in out] + list(grads)
+    return results
 
 
 def test_gradients_stay_accurate_when_feature_mean_dwarfs_std():

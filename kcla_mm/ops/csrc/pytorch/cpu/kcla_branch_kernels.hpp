@@ -1,9 +1,10 @@
 // CPU kernels of the fused KCLA branch (see common/kcla_branch_impl.hpp),
 // compiled twice: for the baseline ISA (kcla_branch.cpp) and with AVX2 +
 // FMA (kcla_branch_avx2.cpp, chosen at run time). Each includer defines
-// KCLA_CPU_NS, the namespace of its copy, and includes the headers below
-// first (so only the code of this file is built for its ISA); hence no
-// include guard.
+// KCLA_CPU_NS, the namespace of its copy (the AVX2 one also KCLA_CPU_LANES:
+// kcla_branch_lanes.hpp's kernels for small planes), and includes the
+// headers below first (so only the code of this file is built for its
+// ISA); hence no include guard.
 //
 // One task per (b, c) plane. A plane is copied into a flat buffer with a
 // zero row (and one more zero) on each side, so the 3x3 depthwise
@@ -21,6 +22,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -169,34 +171,79 @@ inline void load_plane(const T* __restrict__ src, FlatPlane<T>& dst,
   for (int64_t i = 0; i < dst.hw; ++i) d[i] = src[i] * scale;
 }
 
-// u_next = u + w x (u may be u_next: in place) and u_next / (z + eps) into
-// the plane agg. In-place cases get their own loops: a runtime overlap
-// check would send them to scalar code.
+// u_next = u + w x over a plane of hw values (u may be u_next: in place;
+// null: 0). In-place cases get their own loops: a runtime overlap check
+// would send them to scalar code.
 template <typename T>
-inline void update_plane(const T* __restrict__ x, const T* u, T* u_next,
-                         FlatPlane<T>& agg, T wv, T inv) {
-  const int64_t hw = agg.hw;
-  T* __restrict__ a = agg.data();
+inline void update_state(const T* __restrict__ x, const T* u, T* u_next,
+                         T wv, int64_t hw) {
   T* __restrict__ un = u_next;
   if (u == u_next) {
-    for (int64_t i = 0; i < hw; ++i) {
-      un[i] += wv * x[i];
-      a[i] = un[i] * inv;
-    }
+    for (int64_t i = 0; i < hw; ++i) un[i] += wv * x[i];
   } else if (u != nullptr) {
     const T* __restrict__ ur = u;
-    for (int64_t i = 0; i < hw; ++i) {
-      const T v = ur[i] + wv * x[i];
-      un[i] = v;
-      a[i] = v * inv;
+    for (int64_t i = 0; i < hw; ++i) un[i] = ur[i] + wv * x[i];
+  } else {
+    for (int64_t i = 0; i < hw; ++i) un[i] = wv * x[i];
+  }
+}
+
+// update_state, then u_next / (z + eps) into the plane agg.
+template <typename T>
+inline void update_plane(const T* x, const T* u, T* u_next, FlatPlane<T>& agg,
+                         T wv, T inv) {
+  update_state<T>(x, u, u_next, wv, agg.hw);
+  load_plane<T>(u_next, agg, inv);
+}
+
+// The state before a layer from the one after it, u_prev = u_next - w x,
+// over a plane of hw values (u_prev may be u_next: in place; null: none).
+template <typename T>
+inline void invert_state(const T* u_next, T* u_prev, const T* __restrict__ x,
+                         T wv, int64_t hw) {
+  if (u_prev == u_next) {
+    T* __restrict__ up = u_prev;
+    for (int64_t i = 0; i < hw; ++i) up[i] -= wv * x[i];
+  } else if (u_prev != nullptr) {
+    T* __restrict__ up = u_prev;
+    const T* __restrict__ un = u_next;
+    for (int64_t i = 0; i < hw; ++i) up[i] = un[i] - wv * x[i];
+  }
+}
+
+// From ga, the gradient of the plane's agg: gu = gun + ga / (z + eps), the
+// whole gradient of u_next (gun: its direct one; gu may be gun, in place),
+// and gx = go + w gu, the gradient of x; with the sums s_z = <ga, u_next>
+// and s_w = <gu, x>.
+template <typename T>
+inline void state_grads_plane(const T* __restrict__ ga,
+                              const T* __restrict__ un, const T* gun,
+                              const T* __restrict__ go, const T* __restrict__ x,
+                              T* gu, T* __restrict__ gx, T inv, T wv,
+                              int64_t n, T& s_z, T& s_w) {
+  T sz = 0, sw = 0;
+  if (gu == gun) {  // own loop: an overlap check would make it scalar
+    T* __restrict__ g = gu;
+    for (int64_t i = 0; i < n; ++i) {
+      sz += ga[i] * un[i];
+      const T t = g[i] + ga[i] * inv;
+      g[i] = t;
+      gx[i] = go[i] + t * wv;
+      sw += t * x[i];
     }
   } else {
-    for (int64_t i = 0; i < hw; ++i) {
-      const T v = wv * x[i];
-      un[i] = v;
-      a[i] = v * inv;
+    const T* __restrict__ gn = gun;
+    T* __restrict__ g = gu;
+    for (int64_t i = 0; i < n; ++i) {
+      sz += ga[i] * un[i];
+      const T t = gn[i] + ga[i] * inv;
+      g[i] = t;
+      gx[i] = go[i] + t * wv;
+      sw += t * x[i];
     }
   }
+  s_z = sz;
+  s_w = sw;
 }
 
 // One byte (0 or 1) per element <-> bit k of byte j for element 8 j + k.
@@ -261,11 +308,14 @@ struct BackwardScratch : Scratch<T> {
 // (BN's sums, keeping each plane's conv in its row of conv), fold(c) once
 // channel c's planes have had it, then second(planes, scratch, conv).
 // Maps up to kWholeMapBytes stay in cache between two passes over all
-// planes; larger ones make both passes over one block of channels at a
-// time, each block small enough (kBlockBytes for about three maps) that
-// the second pass still finds its maps in cache.
+// planes, handed out in runs of kGroup planes (so that both passes split
+// them into the same lane groups); larger ones make both passes over one
+// block of channels at a time, each block small enough (kBlockBytes for
+// about three maps) that the second pass still finds its maps in cache.
 constexpr int64_t kWholeMapBytes = int64_t(4) << 20;
 constexpr int64_t kBlockBytes = int64_t(512) << 10;
+constexpr int64_t kGroup = 8;  // planes per lane group
+constexpr int64_t kLanePlaneMax = 64;  // H * W of the largest lane planes
 
 template <typename T, typename S, typename First, typename Fold,
           typename Second>
@@ -274,15 +324,18 @@ void two_passes(const Dims& dm, const First& first, const Fold& fold,
   const int64_t n = padded_plane(dm.HW), planes = dm.B * dm.C;
   if (planes * dm.HW * int64_t(sizeof(T)) <= kWholeMapBytes) {
     T* conv = thread_buffer<T>(planes * n);
-    at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
-      S s(dm);
-      first(contiguous_planes(begin, end), s, conv + begin * n);
-    });
+    const auto pass = [&](const auto& fn) {
+      at::parallel_for(0, (planes + kGroup - 1) / kGroup, 1,
+                       [&](int64_t begin, int64_t end) {
+                         S s(dm);
+                         const int64_t p0 = begin * kGroup;
+                         const int64_t p1 = std::min(planes, end * kGroup);
+                         fn(contiguous_planes(p0, p1), s, conv + p0 * n);
+                       });
+    };
+    pass(first);
     for (int64_t c = 0; c < dm.C; ++c) fold(c);
-    at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
-      S s(dm);
-      second(contiguous_planes(begin, end), s, conv + begin * n);
-    });
+    pass(second);
     return;
   }
   const int64_t channel_bytes = 3 * dm.B * dm.HW * int64_t(sizeof(T));
@@ -401,6 +454,69 @@ struct ForwardOperands {
   uint8_t* mask;
   T eps;
 };
+
+// The operands of the backward kernels (optional ones null): those of
+// kcla_branch_backward_impl.
+template <typename T>
+struct BackwardOperands {
+  const T *grad_out, *grad_u_next, *out, *w, *z, *gate, *weight, *scale;
+  const T *shift, *keep, *alpha, *beta, *mean;
+  const uint8_t* mask;
+  T* u_next;  // u_prev may alias it: each plane is read before it is written
+  T *grad_x, *grad_u, *u_prev;  // grad_u may alias grad_u_next, likewise
+  T eps;
+};
+
+// Whether this copy has lane-group kernels for T.
+template <typename T>
+constexpr bool kHasLanes =
+#ifdef KCLA_CPU_LANES
+    std::is_same<T, float>::value;
+#else
+    false;
+#endif
+
+// Whether the one-call kernels run dm's planes in lane groups.
+template <typename T>
+bool lanes_apply(const Dims& dm) {
+  return kHasLanes<T> && dm.HW <= kLanePlaneMax;
+}
+
+#ifdef KCLA_CPU_LANES
+#include "kcla_branch_lanes.hpp"
+#endif
+
+// One pass of a one-call kernel over `planes`, with their kept convs
+// (rows of padded_plane(H * W) values, as two_passes hands out) or null:
+// in lane groups where they apply, each run of kGroup consecutive planes
+// of a row that starts kGroup planes after the row's start, as group(p0,
+// its rows of conv), and plane by plane otherwise, as planes_fn(range,
+// rows).
+template <typename T, typename Planes, typename Group>
+void over_planes(const Dims& dm, PlaneRange planes, T* conv,
+                 const Planes& planes_fn, const Group& group) {
+  if constexpr (kHasLanes<T>) {
+    if (lanes_apply<T>(dm)) {
+      const int64_t n = padded_plane(dm.HW);
+      const auto rows = [&](int64_t k) {
+        return conv != nullptr ? conv + k * n : nullptr;
+      };
+      for (int64_t r = 0; r < planes.rows; ++r) {
+        const int64_t first = planes.first + r * planes.stride;
+        const int64_t k0 = r * planes.cols;
+        int64_t j = 0;
+        for (; j + kGroup <= planes.cols; j += kGroup) {
+          group(first + j, rows(k0 + j));
+        }
+        for (; j < planes.cols; ++j) {
+          planes_fn(PlaneRange{first + j, 1, 0, 1}, rows(k0 + j));
+        }
+      }
+      return;
+    }
+  }
+  planes_fn(planes, conv);
+}
 
 // branch_stats over `planes`: u_next, and stats[p] = (mean, sum of squared
 // deviations) of o over plane p; where conv is given, the k-th plane's
@@ -591,14 +707,26 @@ void branch_train_forward(
   two_passes<T, Scratch<T>>(
       dm,
       [&](PlaneRange planes, Scratch<T>& s, T* conv) {
-        stats_planes<T>(dm, a, stats.data(), planes, s, conv);
+        over_planes<T>(
+            dm, planes, conv,
+            [&](PlaneRange range, T* cv) {
+              stats_planes<T>(dm, a, stats.data(), range, s, cv);
+            },
+            [&](int64_t p0, auto* cv) {
+              stats_group(dm, a, stats.data(), p0, cv);
+            });
       },
       [&](int64_t c) {
         fold_channel_stats<T>(dm, stats.data(), c, pbw, pbb, prm, prv,
                               momentum, bn_eps, pmean, pinv, psc, psh);
       },
       [&](PlaneRange planes, Scratch<T>& s, T* conv) {
-        forward_planes<T, false>(dm, a, planes, s, conv);
+        over_planes<T>(
+            dm, planes, conv,
+            [&](PlaneRange range, T* cv) {
+              forward_planes<T, false>(dm, a, range, s, cv);
+            },
+            [&](int64_t p0, auto* cv) { apply_group(dm, a, p0, cv); });
       });
 }
 
@@ -848,18 +976,6 @@ void layer_inference(at::Tensor& s, const at::Tensor& residual,
   }
 }
 
-// The operands of the backward kernels (optional ones null): those of
-// kcla_branch_backward_impl.
-template <typename T>
-struct BackwardOperands {
-  const T *grad_out, *grad_u_next, *out, *w, *z, *gate, *weight, *scale;
-  const T *shift, *keep, *alpha, *beta, *mean;
-  const uint8_t* mask;
-  T* u_next;  // u_prev may alias it: each plane is read before it is written
-  T *grad_x, *grad_u, *u_prev;  // grad_u may alias grad_u_next, likewise
-  T eps;
-};
-
 // branch_bn_sums over `planes`; where conv is given, each plane's conv into
 // its row as in stats_planes.
 template <typename T>
@@ -890,41 +1006,6 @@ void bn_sums_planes(const Dims& dm, const BackwardOperands<T>& a, T* bn_sums,
     bn_sums[2 * p] = sg;
     bn_sums[2 * p + 1] = sgc;
   }
-}
-
-// From ga, the gradient of the plane's agg: gu = gun + ga / (z + eps), the
-// whole gradient of u_next (gun: its direct one; gu may be gun, in place),
-// and gx = go + w gu, the gradient of x; with the sums s_z = <ga, u_next>
-// and s_w = <gu, x>.
-template <typename T>
-inline void state_grads_plane(const T* __restrict__ ga,
-                              const T* __restrict__ un, const T* gun,
-                              const T* __restrict__ go, const T* __restrict__ x,
-                              T* gu, T* __restrict__ gx, T inv, T wv,
-                              int64_t n, T& s_z, T& s_w) {
-  T sz = 0, sw = 0;
-  if (gu == gun) {  // own loop: an overlap check would make it scalar
-    T* __restrict__ g = gu;
-    for (int64_t i = 0; i < n; ++i) {
-      sz += ga[i] * un[i];
-      const T t = g[i] + ga[i] * inv;
-      g[i] = t;
-      gx[i] = go[i] + t * wv;
-      sw += t * x[i];
-    }
-  } else {
-    const T* __restrict__ gn = gun;
-    T* __restrict__ g = gu;
-    for (int64_t i = 0; i < n; ++i) {
-      sz += ga[i] * un[i];
-      const T t = gn[i] + ga[i] * inv;
-      g[i] = t;
-      gx[i] = go[i] + t * wv;
-      sw += t * x[i];
-    }
-  }
-  s_z = sz;
-  s_w = sw;
 }
 
 // branch_backward over `planes`, from conv (bn_sums_planes' rows) where
@@ -985,14 +1066,8 @@ void backward_planes(const Dims& dm, const BackwardOperands<T>& a,
                          pgun != nullptr ? pgun + off : s.zeros.data(), go, xr,
                          pgu != nullptr ? pgu + off : s.gu.data(),
                          pgx + off, inv, wv, hw, s_z, s_w);
-    if (pup == pun) {  // the inverted state over u_next, in place
-      T* __restrict__ up = pup + off;
-      for (int64_t i = 0; i < hw; ++i) up[i] -= wv * xr[i];
-    } else if (pup != nullptr) {
-      T* __restrict__ up = pup + off;
-      const T* __restrict__ un_r = pun + off;
-      for (int64_t i = 0; i < hw; ++i) up[i] = un_r[i] - wv * xr[i];
-    }
+    invert_state<T>(pun + off, pup != nullptr ? pup + off : nullptr, xr, wv,
+                    hw);
     bn_sums[2 * p] = sg;
     bn_sums[2 * p + 1] = sgc;
     head_sums[3 * p] = s_w;
@@ -1117,15 +1192,29 @@ void branch_train_backward(
   std::vector<T> bn_sums(2 * planes), plane_bn(2 * planes);
   std::vector<T> head_sums(3 * planes), weight_sums(9 * planes);
   const T n = T(B * dm.HW);
-  const auto rest = [&](PlaneRange planes, BackwardScratch<T>& s,
-                        const T* conv) {
-    backward_planes<T>(dm, a, plane_bn.data(), head_sums.data(),
-                       weight_sums.data(), planes, s, conv);
+  const auto rest = [&](PlaneRange planes, BackwardScratch<T>& s, T* conv) {
+    over_planes<T>(
+        dm, planes, conv,
+        [&](PlaneRange range, T* cv) {
+          backward_planes<T>(dm, a, plane_bn.data(), head_sums.data(),
+                             weight_sums.data(), range, s, cv);
+        },
+        [&](int64_t p0, auto* cv) {
+          backward_group(dm, a, plane_bn.data(), head_sums.data(),
+                         weight_sums.data(), p0, cv);
+        });
   };
   if (batch_stats) {
     const auto sums = [&](PlaneRange planes, BackwardScratch<T>& s,
                           T* conv) {
-      bn_sums_planes<T>(dm, a, bn_sums.data(), planes, s, conv);
+      over_planes<T>(
+          dm, planes, conv,
+          [&](PlaneRange range, T* cv) {
+            bn_sums_planes<T>(dm, a, bn_sums.data(), range, s, cv);
+          },
+          [&](int64_t p0, auto* cv) {
+            bn_sums_group(dm, a, bn_sums.data(), p0, cv);
+          });
     };
     const auto fold = [&](int64_t c) {
       bn_grads(bn_sums, c);
