@@ -319,7 +319,7 @@ class KCLABranchFunction(Function):
         # the successor's own gradient of u_next: overwritten with grad_u
         grad_u_owned = owned and ctx.tape_out.grad_u.owns(grad_u_next)
         grad_u = None
-        if ctx.has_u:
+        if ctx.has_u and ctx.needs_input_grad[1]:
             grad_u = grad_u_next if grad_u_owned and ctx.one_call else \
                 torch.empty_like(out)
         if ctx.one_call:

@@ -123,6 +123,24 @@ def test_branch_matches_reference_values_grads_and_running_stats(
 
 
 @pytest.mark.parametrize('training', [True, False])
+def test_branch_with_a_constant_state(training, branch_path):
+    """An incoming state that needs no gradient (a frozen predecessor): the
+    backward skips its gradient, and the others still match the
+    reference."""
+    x, u, w, z, gate, weight, norm, keep = make_case()
+    ref_norm = clone_norm(norm).train(training)
+    norm.train(training)
+    leaves = [t.requires_grad_() for t in (x, w, z, gate, weight)]
+    fused = kcla_branch(x, u, w, z, gate, weight, norm, keep, EPS)
+    ref = reference_branch(x, u, w, z, gate, weight, ref_norm, keep)
+    seed = [torch.randn_like(fused[0]), torch.randn_like(fused[1])]
+    g_fused = torch.autograd.grad(fused, leaves, seed)
+    g_ref = torch.autograd.grad(ref, leaves, seed)
+    for a, b in zip(g_fused, g_ref):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize('training', [True, False])
 def test_branch_gradcheck_float64(training, branch_path):
     x, u, w, z, gate, weight, norm, keep = make_case(
         torch.float64, b=2, c=4, h=4, w=3, g=2)
