@@ -491,7 +491,9 @@ bool lanes_apply(const Dims& dm) {
 // in lane groups where they apply, each run of kGroup consecutive planes
 // of a row that starts kGroup planes after the row's start, as group(p0,
 // its rows of conv), and plane by plane otherwise, as planes_fn(range,
-// rows).
+// rows). `group` is a generic lambda (its call to the lane functions
+// depends on its parameters), so the copies and types without lanes never
+// compile its body.
 template <typename T, typename Planes, typename Group>
 void over_planes(const Dims& dm, PlaneRange planes, T* conv,
                  const Planes& planes_fn, const Group& group) {
@@ -915,7 +917,7 @@ struct FoldedBN {
 // A whole KCLALayer in inference, one sample at a time (its maps are still
 // in cache when the branch reads them): relu_pool with the block's tail BN
 // folded, the heads, then branch_forward (keep = 1) with the branch BN
-// folded.
+// folded, small planes in lane groups.
 template <typename T>
 void layer_inference(at::Tensor& s, const at::Tensor& residual,
                      const at::Tensor& tail_weight,
@@ -970,8 +972,12 @@ void layer_inference(at::Tensor& s, const at::Tensor& residual,
                     pg + b * G, q, key);
     at::parallel_for(b * C, (b + 1) * C, 1, [&](int64_t begin, int64_t end) {
       Scratch<T> sc(dm);
-      forward_planes<T, true>(dm, a, contiguous_planes(begin, end), sc,
-                              nullptr);
+      over_planes<T>(
+          dm, contiguous_planes(begin, end), nullptr,
+          [&](PlaneRange range, T*) {
+            forward_planes<T, true>(dm, a, range, sc, nullptr);
+          },
+          [&](auto p0, auto*) { forward_group(dm, a, p0); });
     });
   }
 }

@@ -1,5 +1,6 @@
-// The one-call training kernels' passes for small float32 planes, eight
-// consecutive planes at a time, one per vector lane (AVX2 + FMA). A 7x7
+// The one-call kernels' passes (training forward and backward, and the
+// inference op's branch) for small float32 planes, eight consecutive
+// planes at a time, one per vector lane (AVX2 + FMA). A 7x7
 // plane fills six 8-wide vectors and leaves one value over, and each of its
 // sums ends in a horizontal reduction; with a plane per lane, every pixel is
 // one vector, the 3x3 convolutions read a zero-bordered grid without masks,
@@ -245,24 +246,33 @@ inline void store_pairs(__m256 first, __m256 second, int64_t p0, float* out) {
   }
 }
 
+// The group's u_next (update_state), and DWConv3x3(u_next / (z + eps))
+// into cv (lanes).
+inline void update_conv_group(const Dims& dm, const ForwardOperands<float>& a,
+                              const Group& g, LaneScratch& s, float* cv) {
+  const int64_t hw = dm.HW;
+  for (int64_t j = 0; j < 8; ++j) {
+    const int64_t off = (g.p0 + j) * hw;
+    update_state<float>(a.x + off, a.u ? a.u + off : nullptr, a.u_next + off,
+                        a.w[g.n[j]], hw);
+  }
+  const __m256 inv =
+      g.lanes([&](int64_t j) { return 1.f / (a.z[g.n[j]] + a.eps); });
+  planes_to_lanes(a.u_next + g.p0 * hw, hw, s.grid.data(), inv,
+                  s.agg.data());
+  __m256 w9[9];
+  lane_kernels(a.weight, g, false, w9);
+  conv3x3_lanes(s, s.agg.data(), w9, cv);
+}
+
 // stats_planes for the group: u_next, then each plane's (mean, M2) of o.
 inline void stats_group(const Dims& dm, const ForwardOperands<float>& a,
                         float* stats, int64_t p0, float* conv) {
   LaneScratch& s = lane_scratch(dm);
   const Group g(dm, p0);
   const int64_t hw = dm.HW;
-  for (int64_t j = 0; j < 8; ++j) {
-    const int64_t off = (p0 + j) * hw;
-    update_state<float>(a.x + off, a.u ? a.u + off : nullptr, a.u_next + off,
-                        a.w[g.n[j]], hw);
-  }
-  const __m256 inv =
-      g.lanes([&](int64_t j) { return 1.f / (a.z[g.n[j]] + a.eps); });
-  planes_to_lanes(a.u_next + p0 * hw, hw, s.grid.data(), inv, s.agg.data());
-  __m256 w9[9];
-  lane_kernels(a.weight, g, false, w9);
   float* cv = conv != nullptr ? conv : s.conv.data();
-  conv3x3_lanes(s, s.agg.data(), w9, cv);
+  update_conv_group(dm, a, g, s, cv);
   const __m256 gt = g.lanes([&](int64_t j) { return a.gate[g.n[j]]; });
   __m256 sum = _mm256_setzero_ps(), m2 = _mm256_setzero_ps();
   for (int64_t i = 0; i < hw; ++i) {
@@ -306,6 +316,15 @@ inline void apply_group(const Dims& dm, const ForwardOperands<float>& a,
   if (a.mask != nullptr) {
     pack_lane_bits(s.on.data(), hw, dm.bytes, a.mask + p0 * dm.bytes);
   }
+}
+
+// forward_planes<true> for the group (the inference branch: u_next, out,
+// the mask where given).
+inline void forward_group(const Dims& dm, const ForwardOperands<float>& a,
+                          int64_t p0) {
+  LaneScratch& s = lane_scratch(dm);
+  update_conv_group(dm, a, Group(dm, p0), s, s.conv.data());
+  apply_group(dm, a, p0, s.conv.data());
 }
 
 // The group's backward inputs in lanes, into s: agg (u_next / (z + eps))
