@@ -488,12 +488,12 @@ bool lanes_apply(const Dims& dm) {
 
 // One pass of a one-call kernel over `planes`, with their kept convs
 // (rows of padded_plane(H * W) values, as two_passes hands out) or null:
-// in lane groups where they apply, each run of kGroup consecutive planes
-// of a row that starts kGroup planes after the row's start, as group(p0,
-// its rows of conv), and plane by plane otherwise, as planes_fn(range,
-// rows). `group` is a generic lambda (its call to the lane functions
-// depends on its parameters), so the copies and types without lanes never
-// compile its body.
+// in lane groups where they apply (each row's planes in runs of kGroup
+// from the row's start, as group(p0, the run's rows of conv); the rest of
+// the row plane by plane), else plane by plane, as planes_fn(range, rows).
+// `group` is a generic lambda (its call to the lane functions depends on
+// its parameters), so the copies and types without lanes never compile
+// its body.
 template <typename T, typename Planes, typename Group>
 void over_planes(const Dims& dm, PlaneRange planes, T* conv,
                  const Planes& planes_fn, const Group& group) {

@@ -1,13 +1,13 @@
 // The one-call kernels' passes (training forward and backward, and the
 // inference op's branch) for small float32 planes, eight consecutive
-// planes at a time, one per vector lane (AVX2 + FMA). A 7x7
-// plane fills six 8-wide vectors and leaves one value over, and each of its
-// sums ends in a horizontal reduction; with a plane per lane, every pixel is
-// one vector, the 3x3 convolutions read a zero-bordered grid without masks,
-// and one vector holds the eight planes' sums. The planes' values go in and
-// out through 8x8 transposes in registers, their bit masks through 8x8 bit
-// transposes; the element-wise work with per-plane scalars stays in the
-// planes' own layout.
+// planes at a time, one per vector lane (AVX2 + FMA). A 7x7 plane fills
+// six 8-wide vectors and leaves one value over, and each of its sums ends
+// in a horizontal reduction; with a plane per lane, every pixel is one
+// vector, the 3x3 convolutions read a zero-bordered grid without masks,
+// and one vector holds the eight planes' sums. The planes' values go in
+// and out through 8x8 transposes in registers, their bit masks through 8x8
+// bit transposes; the element-wise work with per-plane scalars stays in
+// the planes' own layout.
 //
 // Part of kcla_branch_kernels.hpp (its namespace, after its operand
 // structs), in the AVX2 copy only (KCLA_CPU_LANES); the includer brings
