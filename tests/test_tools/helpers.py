@@ -10,10 +10,10 @@ DEMO_CONFIG = osp.join(ROOT, 'configs', 'demo',
 ANALYSIS = osp.join(ROOT, 'tools', 'analysis')
 
 
-def load_tool(name):
-    """tools/analysis/<name>.py as a module."""
+def load_tool(name, folder='analysis'):
+    """tools/<folder>/<name>.py as a module."""
     spec = importlib.util.spec_from_file_location(
-        f'analysis_{name}', osp.join(ANALYSIS, f'{name}.py'))
+        f'{folder}_{name}', osp.join(ROOT, 'tools', folder, f'{name}.py'))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

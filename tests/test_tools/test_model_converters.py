@@ -9,7 +9,6 @@ features.
 """
 import glob
 import hashlib
-import importlib.util
 import logging
 import math
 import os
@@ -22,19 +21,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 import yaml
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-TOOLS = osp.join(ROOT, 'tools', 'model_converters')
+from .helpers import ROOT, load_tool
+
 STAGE_BLOCKS = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3)}
 
 
 @lru_cache()
 def tool(name):
     """tools/model_converters/<name>.py as a module (main(argv) -> rc)."""
-    spec = importlib.util.spec_from_file_location(
-        f'_tool_{name}', osp.join(TOOLS, f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool(name, 'model_converters')
 
 
 # --------------------------------------------------------------------------
