@@ -15,8 +15,12 @@ demo: setup
 demo-seg: setup
 	$(PY) tools/seg_demo.py
 
+# passing tests' tmp_path folders (checkpoints, work dirs) are removed as
+# they finish, so a run needs little disk
+PYTEST := $(PY) -m pytest tests -ra -o tmp_path_retention_policy=failed
+
 test: setup
-	$(PY) -m pytest tests -ra
+	$(PYTEST)
 
 test-fast: setup
-	$(PY) -m pytest tests -ra -m "not slow"
+	$(PYTEST) -m "not slow"
