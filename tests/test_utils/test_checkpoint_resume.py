@@ -58,6 +58,11 @@ def make_runner(work_dir, max_iters, resume=False):
             logger=dict(type='LoggerHook', interval=1)),
         randomness=dict(seed=0),
         resume=resume,
+        # mmengine keeps one visualizer and logger per experiment name (a
+        # timestamp by default): two runners started in the same second
+        # would share the first one's, writing into its (maybe removed)
+        # work_dir
+        experiment_name=f'{work_dir.parent.name}-{work_dir.name}-{max_iters}',
         default_scope='mmengine')
 
 
