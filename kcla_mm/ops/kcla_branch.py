@@ -225,6 +225,18 @@ def bn_params(norm: nn.BatchNorm2d, dtype: torch.dtype) -> Tuple[Tensor, ...]:
                                        norm.running_mean, norm.running_var))
 
 
+def new_state(x: Tensor) -> Tensor:
+    """The U buffer of a state that starts at the layer of ``x``, (B, C, H,
+    W) like ``x``, for the no-grad kernels to write.
+
+    Zero-filled although they write all of it: in ResNet-50 inference on a
+    2-core CPU VM, the one-call kernel's own first writes to a fresh 12.8 MB
+    buffer took 1.9-7.1 ms a call (over 5 ms in most processes), against
+    2.1-2.4 ms with this fill included.
+    """
+    return torch.zeros_like(x)
+
+
 def _folded_bn(norm: nn.BatchNorm2d, mean: Tensor, var: Tensor,
                dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor]:
     """(invstd, scale, shift) with BN(o) = scale * o + shift, each (C,)."""
@@ -451,7 +463,7 @@ def kcla_branch_inference(x: Tensor,
     dtype = x.dtype
     _, scale, shift = _folded_bn(norm, norm.running_mean, norm.running_var,
                                  dtype)
-    u_next = torch.empty_like(x) if u is None else u
+    u_next = new_state(x) if u is None else u
     out = x if out_in_place else torch.empty_like(x)
     get_ext().kcla_branch_forward(x, u, w.to(dtype).contiguous(),
                                   z.to(dtype).contiguous(),
@@ -490,7 +502,7 @@ def kcla_layer_inference(s: Tensor,
     dtype = s.dtype
     b, g = s.shape[0], gate_weight.shape[0]
     tail = (None, ) * 4 if tail_norm is None else bn_params(tail_norm, dtype)
-    u_next = torch.empty_like(s) if u is None else u
+    u_next = new_state(s) if u is None else u
     w = s.new_empty((b, g))
     z_next = s.new_empty((b, g))
     gate = s.new_empty((b, g))

@@ -99,26 +99,54 @@ struct FlatPlane {
   const T* data() const { return buf.data() + W + 1; }
 };
 
-// out[i] = sum_{k,l} w9[3k+l] * p(i / W + k - 1, i % W + l - 1), i.e. the
-// zero-padded 3x3 convolution of the plane: rows outside it read the zero
-// guards, and the column masks drop what a flat index would read across a
-// row's ends. With the plane zero outside it, the same call with the flipped
-// kernel is the exact transpose. out (p.n values; default p.out) gets
-// unspecified values in its slack.
+// The zero-padded 3x3 convolution of a FlatPlane at flat index i:
+// sum_{k,l} w9[3k+l] * p(i / W + k - 1, i % W + l - 1). Rows outside the
+// plane read its zero guards, and the column masks drop what a flat index
+// would read across a row's ends; so the flat loops over i vectorise.
 template <typename T>
-inline void conv3x3(FlatPlane<T>& p, const T* w9, T* out_ptr = nullptr) {
-  const int64_t n = p.n, W = p.W;
-  T* __restrict__ out = out_ptr != nullptr ? out_ptr : p.out.data();
-  const T* __restrict__ a = p.data();
-  const T* __restrict__ ml = p.left.data();
-  const T* __restrict__ mr = p.right.data();
-  const T w0 = w9[0], w1 = w9[1], w2 = w9[2], w3 = w9[3], w4 = w9[4],
-          w5 = w9[5], w6 = w9[6], w7 = w9[7], w8 = w9[8];
-  for (int64_t i = 0; i < n; ++i) {
+struct Conv3x3 {
+  const T* __restrict__ a;
+  const T* __restrict__ ml;
+  const T* __restrict__ mr;
+  int64_t W;
+  T w0, w1, w2, w3, w4, w5, w6, w7, w8;
+  Conv3x3(const FlatPlane<T>& p, const T* w9)
+      : a(p.data()), ml(p.left.data()), mr(p.right.data()), W(p.W),
+        w0(w9[0]), w1(w9[1]), w2(w9[2]), w3(w9[3]), w4(w9[4]), w5(w9[5]),
+        w6(w9[6]), w7(w9[7]), w8(w9[8]) {}
+  T operator()(int64_t i) const {
     const T l = w0 * a[i - W - 1] + w3 * a[i - 1] + w6 * a[i + W - 1];
     const T c = w1 * a[i - W] + w4 * a[i] + w7 * a[i + W];
     const T r = w2 * a[i - W + 1] + w5 * a[i + 1] + w8 * a[i + W + 1];
-    out[i] = ml[i] * l + c + mr[i] * r;
+    return ml[i] * l + c + mr[i] * r;
+  }
+};
+
+// The plane's Conv3x3 at every i < p.n into out (default p.out; its slack
+// gets unspecified values). With the plane zero outside it, the same call
+// with the flipped kernel is the exact transpose.
+template <typename T>
+inline void conv3x3(FlatPlane<T>& p, const T* w9, T* out_ptr = nullptr) {
+  const Conv3x3<T> conv(p, w9);
+  T* __restrict__ out = out_ptr != nullptr ? out_ptr : p.out.data();
+  for (int64_t i = 0; i < p.n; ++i) out[i] = conv(i);
+}
+
+// out[i] = x[i] + keep * ReLU(scale * Conv3x3(p, w9)(i) + shift) over the
+// plane's H * W values (out may be x: in place).
+template <typename T>
+inline void conv3x3_relu_add(const FlatPlane<T>& p, const T* w9, T scale,
+                             T shift, T keep, const T* x, T* out) {
+  const Conv3x3<T> conv(p, w9);
+  const auto branch = [&](int64_t i) {
+    return keep * std::max(scale * conv(i) + shift, T(0));
+  };
+  T* __restrict__ op = out;
+  if (out == x) {
+    for (int64_t i = 0; i < p.hw; ++i) op[i] += branch(i);
+  } else {
+    const T* __restrict__ xp = x;
+    for (int64_t i = 0; i < p.hw; ++i) op[i] = xp[i] + branch(i);
   }
 }
 
@@ -188,12 +216,32 @@ inline void update_state(const T* __restrict__ x, const T* u, T* u_next,
   }
 }
 
-// update_state, then u_next / (z + eps) into the plane agg.
+// update_state, and u_next / (z + eps) into the plane agg, in one loop.
 template <typename T>
-inline void update_plane(const T* x, const T* u, T* u_next, FlatPlane<T>& agg,
-                         T wv, T inv) {
-  update_state<T>(x, u, u_next, wv, agg.hw);
-  load_plane<T>(u_next, agg, inv);
+inline void update_plane(const T* __restrict__ x, const T* u, T* u_next,
+                         FlatPlane<T>& agg, T wv, T inv) {
+  T* __restrict__ un = u_next;
+  T* __restrict__ d = agg.data();
+  if (u == u_next) {
+    for (int64_t i = 0; i < agg.hw; ++i) {
+      const T v = un[i] + wv * x[i];
+      un[i] = v;
+      d[i] = v * inv;
+    }
+  } else if (u != nullptr) {
+    const T* __restrict__ ur = u;
+    for (int64_t i = 0; i < agg.hw; ++i) {
+      const T v = ur[i] + wv * x[i];
+      un[i] = v;
+      d[i] = v * inv;
+    }
+  } else {
+    for (int64_t i = 0; i < agg.hw; ++i) {
+      const T v = wv * x[i];
+      un[i] = v;
+      d[i] = v * inv;
+    }
+  }
 }
 
 // The state before a layer from the one after it, u_prev = u_next - w x,
@@ -357,9 +405,9 @@ void two_passes(const Dims& dm, const First& first, const Fold& fold,
 }
 
 // ReLU(sc * v + sh + res) over one plane of n values, in place, with its
-// byte mask; returns the plane's sum. One copy per operand set, so that
+// byte mask where Mask; returns the plane's sum. One copy per operand set, so that
 // every loop is alias-free.
-template <typename T, bool Residual, bool Affine>
+template <typename T, bool Residual, bool Affine, bool Mask>
 inline T relu_pool_plane(T* __restrict__ v, const T* __restrict__ res, T sc,
                          T sh, uint8_t* __restrict__ o, int64_t n) {
   T sum = 0;
@@ -370,39 +418,48 @@ inline T relu_pool_plane(T* __restrict__ v, const T* __restrict__ res, T sc,
     const T r = std::max(a, T(0));
     v[i] = r;
     sum += r;
-    o[i] = r > T(0);
+    if (Mask) o[i] = r > T(0);
   }
   return sum;
 }
 
+// fn(std::true_type()) if flag, else fn(std::false_type()): a run-time
+// flag as a compile-time one.
+template <typename Fn>
+inline void with_flag(bool flag, const Fn& fn) {
+  if (flag) {
+    fn(std::true_type());
+  } else {
+    fn(std::false_type());
+  }
+}
+
 // relu_pool over planes [begin, end) of s (B, C, H, W): in place, with the
 // residual and a per-channel affine (scale, shift) before the ReLU where
-// given; the mean of each plane into pooled[p], its bit mask into mask.
+// given; the mean of each plane into pooled[p], its bit mask into mask
+// where given.
 template <typename T>
 void relu_pool_planes(T* ps, const T* pr, const T* pscale, const T* pshift,
                       uint8_t* pmask, T* pp, int64_t C, int64_t hw,
                       int64_t begin, int64_t end) {
   const int64_t bytes = (hw + 7) / 8;
-  std::vector<uint8_t> on(hw);
-  for (int64_t p = begin; p < end; ++p) {
-    T* v = ps + p * hw;
-    const T* res = pr != nullptr ? pr + p * hw : nullptr;
-    T sum;
-    if (pscale != nullptr) {
-      const T sc = pscale[p % C], sh = pshift[p % C];
-      sum = res != nullptr
-                ? relu_pool_plane<T, true, true>(v, res, sc, sh, on.data(), hw)
-                : relu_pool_plane<T, false, true>(v, res, sc, sh, on.data(),
-                                                  hw);
-    } else {
-      sum = res != nullptr ? relu_pool_plane<T, true, false>(
-                                 v, res, T(1), T(0), on.data(), hw)
-                           : relu_pool_plane<T, false, false>(
-                                 v, res, T(1), T(0), on.data(), hw);
-    }
-    if (pmask != nullptr) pack_bits(on.data(), hw, pmask + p * bytes);
-    pp[p] = sum / T(hw);
-  }
+  std::vector<uint8_t> on(pmask != nullptr ? hw : 0);
+  with_flag(pr != nullptr, [&](auto residual) {
+    with_flag(pscale != nullptr, [&](auto affine) {
+      with_flag(pmask != nullptr, [&](auto mask) {
+        for (int64_t p = begin; p < end; ++p) {
+          const T sc = affine ? pscale[p % C] : T(1);
+          const T sh = affine ? pshift[p % C] : T(0);
+          const T sum =
+              relu_pool_plane<T, residual, affine, mask>(
+                  ps + p * hw, residual ? pr + p * hw : nullptr, sc, sh,
+                  on.data(), hw);
+          if (mask) pack_bits(on.data(), hw, pmask + p * bytes);
+          pp[p] = sum / T(hw);
+        }
+      });
+    });
+  });
 }
 
 template <typename T>
@@ -597,11 +654,16 @@ void forward_planes(const Dims& dm, const ForwardOperands<T>& a,
       } else {
         load_plane<T>(pun + off, s.agg, inv);
       }
-      conv3x3<T>(s.agg, pk + c * 9);
     }
     // y = scale * gate * conv + shift; out = x + keep * ReLU(y)
     const T scg = ps[c] * pg[n], sh = pb[c];
     const T kp = pkeep ? pkeep[p / C] : T(1);
+    if (pconv == nullptr && pmask == nullptr) {  // the conv fused, no mask
+      conv3x3_relu_add<T>(s.agg, pk + c * 9, scg, sh, kp, px + off,
+                          pout + off);
+      continue;
+    }
+    if (pconv == nullptr) conv3x3<T>(s.agg, pk + c * 9);
     uint8_t* __restrict__ on = s.on.data();
     T* __restrict__ op = pout + off;
     if (pout == px) {  // out over x, in place
