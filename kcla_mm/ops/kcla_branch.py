@@ -230,9 +230,10 @@ def new_state(x: Tensor) -> Tensor:
     W) like ``x``, for the no-grad kernels to write.
 
     Zero-filled although they write all of it: in ResNet-50 inference on a
-    2-core CPU VM, the one-call kernel's own first writes to a fresh 12.8 MB
-    buffer took 1.9-7.1 ms a call (over 5 ms in most processes), against
-    2.1-2.4 ms with this fill included.
+    2-core CPU VM, the first layer took 1.9-7.4 ms per forward (over 5 ms
+    in most processes) when the one-call kernel's own writes were the
+    first to its fresh 12.8 MB U, against 2.2-2.3 ms with this fill
+    included.
     """
     return torch.zeros_like(x)
 
