@@ -405,8 +405,8 @@ void two_passes(const Dims& dm, const First& first, const Fold& fold,
 }
 
 // ReLU(sc * v + sh + res) over one plane of n values, in place, with its
-// byte mask where Mask; returns the plane's sum. One copy per operand set, so that
-// every loop is alias-free.
+// byte mask where Mask; returns the plane's sum. One copy per operand set,
+// so that every loop is alias-free.
 template <typename T, bool Residual, bool Affine, bool Mask>
 inline T relu_pool_plane(T* __restrict__ v, const T* __restrict__ res, T sc,
                          T sh, uint8_t* __restrict__ o, int64_t n) {
