@@ -41,7 +41,7 @@ from torch.autograd import Function
 from torch.autograd.function import once_differentiable
 
 from .ext_loader import get_ext, has_device_impl
-from .kcla_heads import head_params
+from .kcla_heads import as_operand, head_params
 
 
 # A layer saves its incoming state instead of inverting the running sum when
@@ -221,8 +221,9 @@ def _combine_plane_stats(stats: Tensor, hw: int) -> Tuple[Tensor, Tensor]:
 def bn_params(norm: nn.BatchNorm2d, dtype: torch.dtype) -> Tuple[Tensor, ...]:
     """(weight, bias, running_mean, running_var) of an eval-mode ``norm``
     in ``dtype``, as the one-call inference op folds them."""
-    return tuple(t.to(dtype) for t in (norm.weight, norm.bias,
-                                       norm.running_mean, norm.running_var))
+    return tuple(as_operand(t, dtype) for t in (norm.weight, norm.bias,
+                                                norm.running_mean,
+                                                norm.running_var))
 
 
 def new_state(x: Tensor) -> Tensor:
@@ -438,10 +439,10 @@ def kcla_branch(x: Tensor,
         tape_out.z_floor = z if tape_in is None or save_u else \
             tape_in.z_floor
     return KCLABranchFunction.apply(
-        x, None if u is None else u.contiguous(), w.to(dtype).contiguous(),
-        z.to(dtype).contiguous(), gate.to(dtype).contiguous(),
-        weight.to(dtype).contiguous(), norm.weight, norm.bias,
-        keep.to(dtype).contiguous(), norm, use_batch_stats, float(eps),
+        x, None if u is None else u.contiguous(), as_operand(w, dtype),
+        as_operand(z, dtype), as_operand(gate, dtype),
+        as_operand(weight, dtype), norm.weight, norm.bias,
+        as_operand(keep, dtype), norm, use_batch_stats, float(eps),
         tape_in, tape_out, save_u, out_in_place, x_handoff)
 
 
@@ -466,10 +467,10 @@ def kcla_branch_inference(x: Tensor,
                                  dtype)
     u_next = new_state(x) if u is None else u
     out = x if out_in_place else torch.empty_like(x)
-    get_ext().kcla_branch_forward(x, u, w.to(dtype).contiguous(),
-                                  z.to(dtype).contiguous(),
-                                  gate.to(dtype).contiguous(),
-                                  weight.to(dtype).contiguous(), scale, shift,
+    get_ext().kcla_branch_forward(x, u, as_operand(w, dtype),
+                                  as_operand(z, dtype),
+                                  as_operand(gate, dtype),
+                                  as_operand(weight, dtype), scale, shift,
                                   None, u_next, out, None, float(eps))
     return out, u_next
 
@@ -509,9 +510,9 @@ def kcla_layer_inference(s: Tensor,
     gate = s.new_empty((b, g))
     get_ext().kcla_layer_inference(
         s, residual, *tail, u,
-        None if z is None else z.to(dtype).contiguous(),
+        None if z is None else as_operand(z, dtype),
         *head_params(q_kernel, k_kernel, norm_d, gate_weight, dtype),
-        weight.to(dtype).contiguous(), *bn_params(norm, dtype), u_next, w,
+        as_operand(weight, dtype), *bn_params(norm, dtype), u_next, w,
         z_next, gate, float(eps), float(key_eps), float(max_log_weight),
         float(norm.eps), 0.0 if tail_norm is None else float(tail_norm.eps))
     return s, u_next, z_next

@@ -14,6 +14,7 @@ and float64) instead of some 20 small torch ops each way; callers check
 """
 from typing import Optional, Tuple
 
+import torch
 from torch import Tensor
 from torch.autograd import Function
 from torch.autograd.function import once_differentiable
@@ -77,9 +78,16 @@ def kcla_heads(pooled: Tensor, z: Optional[Tensor], q_kernel: Tensor,
     are cast to ``pooled``'s dtype."""
     dtype = pooled.dtype
     return KCLAHeadsFunction.apply(
-        pooled.contiguous(), None if z is None else z.to(dtype).contiguous(),
+        pooled.contiguous(), None if z is None else as_operand(z, dtype),
         *head_params(q_kernel, k_kernel, norm_d, gate_weight, dtype),
         float(key_eps), float(max_log_weight))
+
+
+def as_operand(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t`` contiguous in ``dtype``, as the extension takes it: ``t``
+    itself where it already is (a differentiable cast otherwise)."""
+    return t if t.dtype == dtype and t.is_contiguous() else \
+        t.to(dtype).contiguous()
 
 
 def head_params(q_kernel: Tensor, k_kernel: Tensor, norm_d: Tensor,
@@ -87,5 +95,5 @@ def head_params(q_kernel: Tensor, k_kernel: Tensor, norm_d: Tensor,
     """The heads' parameters as the extension takes them, contiguous in
     ``dtype`` (differentiable casts; the ECA kernels and ``norm_d`` of any
     shape, ``gate_weight`` (G, G))."""
-    return tuple(t.to(dtype).contiguous()
+    return tuple(as_operand(t, dtype)
                  for t in (q_kernel, k_kernel, norm_d, gate_weight))

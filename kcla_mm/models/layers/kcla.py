@@ -24,7 +24,7 @@ from kcla_mm.ops.kcla_branch import (GradHandoff, StateTape,
                                      kcla_layer_inference, layer_supported,
                                      plain_affine_bn, relu_pool,
                                      update_running_stats)
-from kcla_mm.ops.kcla_heads import kcla_heads
+from kcla_mm.ops.kcla_heads import as_operand, kcla_heads
 from kcla_mm.ops.kcla_state import IMPLS
 from .eca import build_eca_conv, eca_project, eca_project_pair
 from .state import KCLAState
@@ -479,8 +479,8 @@ class KCLALayer(BaseModule):
         overwritten."""
         u, z = self._initial_state(x, state)
         out, u, z = kcla_layer_inference(
-            x.to(dtype).contiguous(),
-            None if shortcut is None else shortcut.to(dtype).contiguous(), u,
+            as_operand(x, dtype),
+            None if shortcut is None else as_operand(shortcut, dtype), u,
             z, self.q_conv.weight, self.k_conv.weight, self.norm_d,
             self.gate.weight, self.v_conv.weight, self.norm, self.eps,
             self.key_eps, MAX_LOG_WEIGHT, tail_norm)
@@ -584,11 +584,11 @@ class KCLALayer(BaseModule):
             # its gradient for relu_pool's backward to overwrite
             x_handoff = GradHandoff() if fused and relu_input else None
             if fused:
-                x_in = x.to(dtype).contiguous()
+                x_in = as_operand(x, dtype)
                 if relu_input:
                     x_in, pooled = relu_pool(
                         x_in, None if shortcut is None else
-                        shortcut.to(dtype).contiguous(), x_handoff)
+                        as_operand(shortcut, dtype), x_handoff)
                 else:
                     pooled = x_in.mean((2, 3))
             else:
