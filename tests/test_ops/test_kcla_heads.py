@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from kcla_mm.ops import get_ext
-from kcla_mm.ops.kcla_heads import kcla_heads
+from kcla_mm.ops.kcla_heads import as_operand, kcla_heads
 from .test_kcla_branch import reference_heads
 
 
@@ -96,3 +96,19 @@ def test_raw_heads_ops_name_bad_arguments():
                        'Double but `pooled` has dtype Float'):
         ext.kcla_heads_forward(pooled, z, qk.view(-1), kk.view(-1), norm_d,
                                gate_w, w, z_next, gate.double(), 1e-6, 10.0)
+
+
+def test_as_operand_passes_ready_tensors_through_and_casts_the_rest():
+    """The tensor itself where it is already contiguous in the dtype; else a
+    contiguous copy in it, through which gradients flow back."""
+    ready = torch.rand(4, 3)
+    assert as_operand(ready, torch.float32) is ready
+    strided = torch.rand(3, 4, dtype=torch.float64, requires_grad=True).t()
+    for dtype in (torch.float32, torch.float64):
+        out = as_operand(strided, dtype)
+        assert out.dtype == dtype and out.is_contiguous()
+        assert torch.equal(out, strided.detach().to(dtype))
+    grad, = torch.autograd.grad(as_operand(strided, torch.float32).sum() * 2,
+                                strided)
+    assert grad.dtype == torch.float64
+    assert torch.equal(grad, torch.full((4, 3), 2.0, dtype=torch.float64))
