@@ -277,9 +277,10 @@ class KCLABranchFunction(Function):
             running = (None, None) if momentum is None else \
                 (norm.running_mean, norm.running_var)
             ext.kcla_branch_train_forward(
-                x, u, w, z, gate, weight, bn_weight.to(x.dtype),
-                bn_bias.to(x.dtype), *running, keep, u_next, out, mask, mean,
-                invstd, scale, shift, momentum or 0.0, norm.eps, eps)
+                x, u, w, z, gate, weight, as_operand(bn_weight, x.dtype),
+                as_operand(bn_bias, x.dtype), *running, keep, u_next, out,
+                mask, mean, invstd, scale, shift, momentum or 0.0, norm.eps,
+                eps)
         elif use_batch_stats:
             stats = x.new_empty((b, c, 2))
             ext.kcla_branch_stats(x, u, w, z, gate, weight, u_next, stats, eps)
@@ -300,7 +301,7 @@ class KCLABranchFunction(Function):
             ctx.mark_dirty(*dirty)
         ctx.save_for_backward(out, u_next if tape_out is None else None, w, z,
                               gate, weight, keep, mask,
-                              mean.to(x.dtype).contiguous(), invstd, scale,
+                              as_operand(mean, x.dtype), invstd, scale,
                               shift, u if save_u else None)
         ctx.set_materialize_grads(False)
         ctx.tape_in = tape_in
