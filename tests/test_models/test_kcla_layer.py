@@ -130,6 +130,34 @@ def test_folded_adapter_matches_generic_values_grads_running_stats(
         torch.testing.assert_close(a, b)
 
 
+def test_adapter_runs_as_one_op_only_in_no_grad_eval(monkeypatch):
+    """kcla_adapter_inference runs the folded adapter (eval BN, no grad,
+    impl other than 'torch'); its U', Z' equal the torch path's."""
+    calls, real_op = [], kcla.kcla_adapter_inference
+
+    def counted(*args, **kwargs):
+        calls.append(True)
+        return real_op(*args, **kwargs)
+
+    monkeypatch.setattr(kcla, 'kcla_adapter_inference', counted)
+    state = KCLAState(torch.rand(2, 16, 8, 6) * 3, torch.rand(2, 2) + 1)
+    results = {}
+    for impl in ('fused', 'torch'):
+        layer = randomise(KCLALayer(32, head_dim=8, state_in_channels=16,
+                                    state_stride=2, impl=impl), 0).eval()
+        calls.clear()
+        with torch.no_grad():
+            results[impl] = layer._adapted_state(state, (4, 3))
+        assert len(calls) == (impl == 'fused')
+        calls.clear()
+        layer._adapted_state(state, (4, 3))  # grad enabled
+        with torch.no_grad():
+            layer.train()._adapted_state(state, (4, 3))  # batch statistics
+        assert not calls
+    for a, b in zip(results['fused'], results['torch']):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize('relu_input', [False, True])
 def test_drop_path_applies_in_no_grad_training_mode_with_frozen_bn(
         relu_input):

@@ -18,6 +18,7 @@ from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from kcla_mm.ops import kcla_state_update
+from kcla_mm.ops.kcla_adapter import kcla_adapter_inference
 from kcla_mm.ops.kcla_branch import (GradHandoff, StateTape,
                                      branch_supported, foldable_bn, kcla_branch,
                                      kcla_branch_inference,
@@ -163,10 +164,13 @@ class KCLAStateAdapter(BaseModule):
                 and not torch.jit.is_tracing())
 
     def folded_state(self, state: KCLAState, num_heads: int,
-                     norm_d: Tensor) -> Tuple[Tensor, Tensor]:
+                     norm_d: Tensor,
+                     use_ext: bool = True) -> Tuple[Tensor, Tensor]:
         """(U, Z) = (z A', z) of Algorithm 1, z = layer_weights(k_u), as one
         batched matmul (:meth:`folds`; differentiable, updates BN's running
-        statistics in training like ``nn.BatchNorm2d``).
+        statistics in training like ``nn.BatchNorm2d``). With ``use_ext``,
+        no grad and an eval BN, one :func:`kcla_adapter_inference` call
+        where the extension supports the state's device.
 
         With Y = Conv1x1(U / Z) (U at the conv's stride) and Uc = U - GAP(U)
         per sample and channel: GAP(Y) = W_b GAP(U) with W_b the conv
@@ -180,16 +184,17 @@ class KCLAStateAdapter(BaseModule):
         Returns:
             tuple[Tensor, Tensor]: U (B, C, H, W) and Z (B, G).
         """
-        s = self.stride
+        s, norm = self.stride, self.norm
+        g, g_in = num_heads, state.z.shape[1]
+        weight = self._grouped_weight(g, state.u)
+        if use_ext and not torch.is_grad_enabled() and foldable_bn(norm) \
+                and state.u.dtype in (torch.float32, torch.float64) \
+                and layer_supported(state.u):
+            return kcla_adapter_inference(
+                state.u, state.z, weight.reshape(-1, weight.shape[2]), s,
+                norm, self.k_conv.weight, norm_d, MAX_LOG_WEIGHT)
         u = state.u[:, :, ::s, ::s]
         b, c_in, h, w = u.shape
-        g, g_in = num_heads, state.z.shape[1]
-        norm = self.norm
-        if self.conv is not None:  # grouped: (G, C / G, C' / G)
-            weight = self.conv.weight.to(u.dtype).view(g, -1, c_in // g)
-        else:
-            weight = torch.eye(c_in // g, dtype=u.dtype,
-                               device=u.device).expand(g, -1, -1)
         u = u.reshape(b, g, c_in // g, h * w)
         u_mean = u.mean(-1, keepdim=True)
         inv_z = (1 / state.z).repeat_interleave(c_in // g_in, 1)
@@ -225,6 +230,15 @@ class KCLAStateAdapter(BaseModule):
                                 b * g, -1, c_in // g),
                             u.view(b * g, c_in // g, h * w))
         return out.view(b, -1, h, w), z
+
+    def _grouped_weight(self, num_heads: int, u: Tensor) -> Tensor:
+        """The 1x1 conv's weight as (G, C / G, C' / G) in ``u``'s dtype;
+        identity blocks where there is no conv."""
+        g, c_in = num_heads, self.in_channels
+        if self.conv is not None:
+            return self.conv.weight.to(u.dtype).view(g, -1, c_in // g)
+        return torch.eye(c_in // g, dtype=u.dtype,
+                         device=u.device).expand(g, -1, -1)
 
     @property
     def norm(self) -> nn.Module:
@@ -426,7 +440,8 @@ class KCLALayer(BaseModule):
         """
         if self.adapter.folds():
             u, z = self.adapter.folded_state(state, self.num_heads,
-                                             self.norm_d)
+                                             self.norm_d,
+                                             self.impl != 'torch')
             spatial_check(u.shape[2:], size, type(self).__name__,
                           'check the stage stride (state_stride)')
             return u, z

@@ -161,6 +161,23 @@ void kcla_heads_backward_impl(
     at::Tensor grad_k_kernel, at::Tensor grad_gate_weight, double key_eps,
     double max_log_weight);
 
+// KCLAStateAdapter in inference (spec section 3, Algorithm 1), its eval BN
+// (bn_weight, bn_bias, bn_mean, bn_var, bn_eps) folded: from the incoming
+// state u (B, C', H', W'), z (B, G') with G' dividing C', the new state
+//   A'    = BN(Conv1x1(U / Z)), the grouped (G groups) 1x1 conv `weight`
+//           (C, C' / G) at `stride` (u at stride s: (B, C', h, w), h =
+//           ceil(H' / s), w = ceil(W' / s))
+//   z_out = exp(min(|Conv1d_u(GAP(A'))_g| / norm_d_g, max_log_weight)),
+//           k_kernel (k elements, odd), norm_d (G elements)
+//   u_out = z_out * A'                       (B, C, h, w)
+// z_out: (B, G) output, G dividing C and C'.
+void kcla_adapter_inference_impl(
+    const at::Tensor u, const at::Tensor z, const at::Tensor weight,
+    int64_t stride, const at::Tensor bn_weight, const at::Tensor bn_bias,
+    const at::Tensor bn_mean, const at::Tensor bn_var,
+    const at::Tensor k_kernel, const at::Tensor norm_d, at::Tensor u_out,
+    at::Tensor z_out, double bn_eps, double max_log_weight);
+
 // The instruction set the CPU kernels run with: "avx2" or "base"
 // (pytorch/cpu/kcla_branch.cpp).
 std::string kcla_cpu_isa();
@@ -244,5 +261,11 @@ void kcla_heads_backward(
     at::Tensor grad_pooled, at::Tensor grad_q_kernel,
     at::Tensor grad_k_kernel, at::Tensor grad_gate_weight, double key_eps,
     double max_log_weight);
+void kcla_adapter_inference(
+    const at::Tensor u, const at::Tensor z, const at::Tensor weight,
+    int64_t stride, const at::Tensor bn_weight, const at::Tensor bn_bias,
+    const at::Tensor bn_mean, const at::Tensor bn_var,
+    const at::Tensor k_kernel, const at::Tensor norm_d, at::Tensor u_out,
+    at::Tensor z_out, double bn_eps, double max_log_weight);
 
 #endif  // KCLA_BRANCH_IMPL_HPP

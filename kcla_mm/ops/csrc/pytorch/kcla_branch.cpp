@@ -143,6 +143,17 @@ void kcla_heads_backward_impl(
                        grad_gate_weight, key_eps, max_log_weight);
 }
 
+void kcla_adapter_inference_impl(
+    const at::Tensor u, const at::Tensor z, const at::Tensor weight,
+    int64_t stride, const at::Tensor bn_weight, const at::Tensor bn_bias,
+    const at::Tensor bn_mean, const at::Tensor bn_var,
+    const at::Tensor k_kernel, const at::Tensor norm_d, at::Tensor u_out,
+    at::Tensor z_out, double bn_eps, double max_log_weight) {
+  DISPATCH_DEVICE_IMPL(kcla_adapter_inference_impl, u, z, weight, stride,
+                       bn_weight, bn_bias, bn_mean, bn_var, k_kernel, norm_d,
+                       u_out, z_out, bn_eps, max_log_weight);
+}
+
 namespace {
 
 at::Tensor optional_tensor(const OptTensor& t) {
@@ -539,4 +550,53 @@ void kcla_heads_backward(
                            w, gate, grad_w, grad_gate, grad_pooled,
                            grad_q_kernel, grad_k_kernel, grad_gate_weight,
                            key_eps, max_log_weight);
+}
+
+void kcla_adapter_inference(
+    const at::Tensor u, const at::Tensor z, const at::Tensor weight,
+    int64_t stride, const at::Tensor bn_weight, const at::Tensor bn_bias,
+    const at::Tensor bn_mean, const at::Tensor bn_var,
+    const at::Tensor k_kernel, const at::Tensor norm_d, at::Tensor u_out,
+    at::Tensor z_out, double bn_eps, double max_log_weight) {
+  const char* op = "kcla_adapter_inference";
+  FeatureArgChecker ck_in(op, u, z, false, "u", "z");
+  TORCH_CHECK(stride >= 1, op, ": `stride` must be >= 1, got ", stride);
+  const int64_t B = u.size(0), Ci = u.size(1);
+  const int64_t h = (u.size(2) + stride - 1) / stride;
+  const int64_t w = (u.size(3) + stride - 1) / stride;
+  check_contiguous(u_out, op, "u_out");
+  check_same_device_dtype(u_out, "u_out", u, "u", op);
+  TORCH_CHECK(u_out.dim() == 4 && u_out.size(0) == B && u_out.size(2) == h &&
+                  u_out.size(3) == w,
+              op, ": argument `u_out` must be (B, C, h, w) = (", B, ", C, ",
+              h, ", ", w, ") (u at stride ", stride, "), got ",
+              u_out.sizes());
+  FeatureArgChecker ck(op, u_out, z_out, false, "u_out", "z_out");
+  const int64_t C = u_out.size(1), G = z_out.size(1);
+  TORCH_CHECK(Ci % G == 0, op, ": the ", G, " heads of `z_out` must divide "
+              "the incoming channels C' = ", Ci);
+  check_contiguous(weight, op, "weight");
+  check_same_device_dtype(weight, "weight", u, "u", op);
+  TORCH_CHECK(weight.dim() == 2 && weight.size(0) == C &&
+                  weight.size(1) == Ci / G,
+              op, ": argument `weight` must be (C, C' / G) = (", C, ", ",
+              Ci / G, "), got ", weight.sizes());
+  ck.channels(bn_weight, "bn_weight");
+  ck.channels(bn_bias, "bn_bias");
+  ck.channels(bn_mean, "bn_mean");
+  ck.channels(bn_var, "bn_var");
+  for (const auto& param : {std::make_pair(&k_kernel, "k_kernel"),
+                            std::make_pair(&norm_d, "norm_d")}) {
+    check_contiguous(*param.first, op, param.second);
+    check_same_device_dtype(*param.first, param.second, u, "u", op);
+  }
+  TORCH_CHECK(k_kernel.numel() % 2 == 1, op,
+              ": argument `k_kernel` must hold an odd number of elements, "
+              "got shape ", k_kernel.sizes());
+  TORCH_CHECK(norm_d.numel() == G, op, ": argument `norm_d` must hold G = ",
+              G, " elements, got shape ", norm_d.sizes());
+  TORCH_CHECK(bn_eps > 0, op, ": BN eps must be positive, got ", bn_eps);
+  kcla_adapter_inference_impl(u, z, weight, stride, bn_weight, bn_bias,
+                              bn_mean, bn_var, k_kernel, norm_d, u_out, z_out,
+                              bn_eps, max_log_weight);
 }

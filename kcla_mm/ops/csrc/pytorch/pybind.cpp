@@ -11,7 +11,7 @@
 // Device types ("cpu", "cuda") with a compiled implementation of every op
 // of a group: "state" (kcla_state_*), "branch" (kcla_relu_pool_*,
 // kcla_branch_*) or "layer" (kcla_branch_train_*, kcla_layer_inference,
-// kcla_heads_*).
+// kcla_heads_*, kcla_adapter_inference).
 std::vector<std::string> device_types(const std::string& group) {
   std::vector<std::string> types;
   for (auto type : {at::kCPU, at::kCUDA}) {
@@ -38,7 +38,8 @@ std::vector<std::string> device_types(const std::string& group) {
               nullptr &&
           DEVICE_REGISTRY(kcla_layer_inference_impl).Find(type) != nullptr &&
           DEVICE_REGISTRY(kcla_heads_forward_impl).Find(type) != nullptr &&
-          DEVICE_REGISTRY(kcla_heads_backward_impl).Find(type) != nullptr;
+          DEVICE_REGISTRY(kcla_heads_backward_impl).Find(type) != nullptr &&
+          DEVICE_REGISTRY(kcla_adapter_inference_impl).Find(type) != nullptr;
     } else {
       TORCH_CHECK(false, "device_types: unknown op group '", group,
                   "', expected 'state', 'branch' or 'layer'");
@@ -154,4 +155,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("grad_pooled"), py::arg("grad_q_kernel"),
         py::arg("grad_k_kernel"), py::arg("grad_gate_weight"),
         py::arg("key_eps"), py::arg("max_log_weight"));
+  m.def("kcla_adapter_inference", &kcla_adapter_inference,
+        "the cross-stage state adapter in inference, its eval BN folded: "
+        "u_out = z_out * BN(Conv1x1(U / Z)) at the stride",
+        py::arg("u"), py::arg("z"), py::arg("weight"), py::arg("stride"),
+        py::arg("bn_weight"), py::arg("bn_bias"), py::arg("bn_mean"),
+        py::arg("bn_var"), py::arg("k_kernel"), py::arg("norm_d"),
+        py::arg("u_out"), py::arg("z_out"), py::arg("bn_eps"),
+        py::arg("max_log_weight"));
 }

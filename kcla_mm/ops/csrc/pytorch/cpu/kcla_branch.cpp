@@ -54,3 +54,5 @@ REGISTER_DEVICE_IMPL(kcla_layer_inference_impl, CPU,
 REGISTER_DEVICE_IMPL(kcla_heads_forward_impl, CPU, cpu_kernels().heads_forward);
 REGISTER_DEVICE_IMPL(kcla_heads_backward_impl, CPU,
                      cpu_kernels().heads_backward);
+REGISTER_DEVICE_IMPL(kcla_adapter_inference_impl, CPU,
+                     cpu_kernels().adapter_inference);

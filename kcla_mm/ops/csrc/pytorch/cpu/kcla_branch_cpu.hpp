@@ -17,6 +17,7 @@ struct BranchKernels {
   decltype(&kcla_layer_inference_impl) layer_inference;
   decltype(&kcla_heads_forward_impl) heads_forward;
   decltype(&kcla_heads_backward_impl) heads_backward;
+  decltype(&kcla_adapter_inference_impl) adapter_inference;
 };
 
 #if defined(__GNUC__) && defined(__x86_64__)

@@ -812,21 +812,28 @@ struct HeadOperands {
         max_log(max_log_) {}
 };
 
-// q, key (C,) = the zero-padded ECA cross-correlations of pooled (C,).
+// out (C,) = the zero-padded cross-correlation of pooled (C,) with an ECA
+// kernel of k (odd) elements.
+template <typename T>
+void eca(const T* kernel, int64_t k, const T* pooled, int64_t C,
+         double* out) {
+  const int64_t pad = (k - 1) / 2;
+  for (int64_t c = 0; c < C; ++c) {
+    double v = 0;
+    for (int64_t t = std::max<int64_t>(0, pad - c);
+         t < std::min<int64_t>(k, C + pad - c); ++t) {
+      v += double(kernel[t]) * pooled[c + t - pad];
+    }
+    out[c] = v;
+  }
+}
+
+// q, key (C,) = the ECA cross-correlations of pooled (C,) with kq, kk.
 template <typename T>
 void eca_pair(const HeadOperands<T>& h, const T* pooled, int64_t C,
               double* q, double* key) {
-  const int64_t pad = (h.k - 1) / 2;
-  for (int64_t c = 0; c < C; ++c) {
-    double qv = 0, kv = 0;
-    for (int64_t t = std::max<int64_t>(0, pad - c);
-         t < std::min<int64_t>(h.k, C + pad - c); ++t) {
-      qv += double(h.kq[t]) * pooled[c + t - pad];
-      kv += double(h.kk[t]) * pooled[c + t - pad];
-    }
-    q[c] = qv;
-    key[c] = kv;
-  }
+  eca<T>(h.kq, h.k, pooled, C, q);
+  eca<T>(h.kk, h.k, pooled, C, key);
 }
 
 // Over head g's d channels: (|K_g|, <Q_g, K_g>).
@@ -1042,6 +1049,90 @@ void layer_inference(at::Tensor& s, const at::Tensor& residual,
           [&](auto p0, auto*) { forward_group(dm, a, p0); });
     });
   }
+}
+
+// The cross-stage adapter in inference (spec section 3, Algorithm 1, its
+// eval BN folded into scale, shift). With U_s = u at stride s (B, C', h, w),
+// W_b = the grouped 1x1 conv weight (C, C' / G) over each input channel's
+// incoming Z, per sample: GAP(A') = scale * (W_b GAP(U_s)) + shift (A' is
+// affine in U_s), z_out = exp(min(|Conv1d_u(GAP(A'))_g| / norm_d_g,
+// max_log)) and u_out = z_out * A' = (z_out scale W_b) U_s + z_out shift,
+// one batched matmul over (sample, head).
+template <typename T>
+void adapter_inference(const at::Tensor& u, const at::Tensor& z,
+                       const at::Tensor& weight, int64_t stride,
+                       const at::Tensor& bn_weight, const at::Tensor& bn_bias,
+                       const at::Tensor& bn_mean, const at::Tensor& bn_var,
+                       const at::Tensor& k_kernel, const at::Tensor& norm_d,
+                       at::Tensor& u_out, at::Tensor& z_out, double bn_eps,
+                       double max_log_weight) {
+  const int64_t B = u.size(0), Ci = u.size(1), H = u.size(2), W = u.size(3);
+  const int64_t C = u_out.size(1), h = u_out.size(2), w = u_out.size(3);
+  const int64_t hw = h * w, G = z_out.size(1), d = C / G, di = Ci / G;
+  const int64_t din = Ci / z.size(1);  // channels per incoming head
+  const at::Tensor us =
+      stride == 1 ? u : at::empty({B, Ci, h, w}, u.options());
+  std::vector<T> gap(B * Ci);
+  const T* pu = u.data_ptr<T>();
+  T* pus = us.data_ptr<T>();
+  at::parallel_for(0, B * Ci, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      T sum = 0;
+      if (stride == 1) {
+        for (int64_t i = p * hw; i < (p + 1) * hw; ++i) sum += pu[i];
+      } else {  // gather U_s as the strided conv reads it
+        for (int64_t i = 0; i < h; ++i) {
+          const T* src = pu + p * H * W + i * stride * W;
+          T* dst = pus + p * hw + i * w;
+          for (int64_t j = 0; j < w; ++j) {
+            dst[j] = src[j * stride];
+            sum += dst[j];
+          }
+        }
+      }
+      gap[p] = sum / T(hw);
+    }
+  });
+  const FoldedBN<T> bn(bn_weight, bn_bias, bn_mean, bn_var, bn_eps);
+  at::Tensor mat = at::empty({B * G, d, di}, u.options());
+  at::Tensor bias = at::empty({B * G, d, 1}, u.options());
+  const T *pw = weight.data_ptr<T>(), *pz = z.data_ptr<T>();
+  const T *pk = k_kernel.data_ptr<T>(), *pnd = norm_d.data_ptr<T>();
+  T *pm = mat.data_ptr<T>(), *pb = bias.data_ptr<T>();
+  T* pzo = z_out.data_ptr<T>();
+  std::vector<T> inv_z(Ci), pooled(C);
+  std::vector<double> key(C);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t c = 0; c < Ci; ++c) {
+      inv_z[c] = T(1) / pz[b * z.size(1) + c / din];
+    }
+    for (int64_t c = 0; c < C; ++c) {  // GAP(A')
+      const int64_t c0 = (c / d) * di;
+      T y = 0;
+      for (int64_t j = 0; j < di; ++j) {
+        y += pw[c * di + j] * inv_z[c0 + j] * gap[b * Ci + c0 + j];
+      }
+      pooled[c] = bn.scale[c] * y + bn.shift[c];
+    }
+    eca<T>(pk, k_kernel.numel(), pooled.data(), C, key.data());
+    for (int64_t g = 0; g < G; ++g) {
+      double k2 = 0;
+      for (int64_t c = g * d; c < (g + 1) * d; ++c) k2 += key[c] * key[c];
+      const T zg =
+          T(std::exp(std::min(std::sqrt(k2) / double(pnd[g]), max_log_weight)));
+      pzo[b * G + g] = zg;
+      for (int64_t c = g * d; c < (g + 1) * d; ++c) {
+        const T sc = zg * bn.scale[c];
+        T* row = pm + (b * C + c) * di;
+        for (int64_t j = 0; j < di; ++j) {
+          row[j] = sc * pw[c * di + j] * inv_z[g * di + j];
+        }
+        pb[b * C + c] = zg * bn.shift[c];
+      }
+    }
+  }
+  at::Tensor out = u_out.view({B * G, d, hw});
+  at::baddbmm_out(out, bias, mat, us.view({B * G, di, hw}));
 }
 
 // branch_bn_sums over `planes`; where conv is given, each plane's conv into
@@ -1458,6 +1549,21 @@ void layer_inference_cpu(
                         max_log_weight, bn_eps, tail_eps));
 }
 
+void adapter_inference_cpu(const at::Tensor u, const at::Tensor z,
+                           const at::Tensor weight, int64_t stride,
+                           const at::Tensor bn_weight,
+                           const at::Tensor bn_bias, const at::Tensor bn_mean,
+                           const at::Tensor bn_var, const at::Tensor k_kernel,
+                           const at::Tensor norm_d, at::Tensor u_out,
+                           at::Tensor z_out, double bn_eps,
+                           double max_log_weight) {
+  KCLA_DISPATCH_CPU(u.scalar_type(), "kcla_adapter_inference_cpu",
+                    adapter_inference<scalar_t>(
+                        u, z, weight, stride, bn_weight, bn_bias, bn_mean,
+                        bn_var, k_kernel, norm_d, u_out, z_out, bn_eps,
+                        max_log_weight));
+}
+
 void heads_forward_cpu(const at::Tensor pooled, const at::Tensor z,
                        const at::Tensor q_kernel, const at::Tensor k_kernel,
                        const at::Tensor norm_d, const at::Tensor gate_weight,
@@ -1492,7 +1598,7 @@ inline BranchKernels kernels() {
           branch_forward_cpu,    branch_apply_cpu,       branch_bn_sums_cpu,
           branch_backward_cpu,   branch_train_forward_cpu,
           branch_train_backward_cpu, layer_inference_cpu, heads_forward_cpu,
-          heads_backward_cpu};
+          heads_backward_cpu, adapter_inference_cpu};
 }
 
 }  // namespace KCLA_CPU_NS

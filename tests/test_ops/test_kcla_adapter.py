@@ -1,0 +1,144 @@
+"""The adapter op (kcla_adapter_inference) against Algorithm 1 in plain
+torch ops: U / Z, the strided grouped 1x1 conv, the eval BN, GAP, the ECA
+key and z A'."""
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kcla_mm.ops import get_ext
+from kcla_mm.ops.kcla_adapter import kcla_adapter_inference
+
+
+def reference_adapter(u, z, conv_weight, stride, bn, k_kernel, norm_d):
+    """(z A', z) of Algorithm 1 with torch ops; no conv: ``conv_weight``
+    None (same width, stride 1)."""
+    b, c_in = u.shape[:2]
+    g = norm_d.numel()
+    a = u / z.repeat_interleave(c_in // z.shape[1], 1).view(b, c_in, 1, 1)
+    if conv_weight is not None:
+        a = F.conv2d(a, conv_weight, stride=stride, groups=g)
+    a = F.batch_norm(a, bn.running_mean, bn.running_var, bn.weight, bn.bias,
+                     False, 0.0, bn.eps)
+    k = k_kernel.numel()
+    key = F.conv1d(a.mean((2, 3)).unsqueeze(1), k_kernel.view(1, 1, k),
+                   padding=(k - 1) // 2).view(b, g, -1)
+    z_out = torch.exp(torch.clamp(key.norm(dim=-1) / norm_d, max=10.0))
+    u_out = a.view(b, g, -1, *a.shape[2:]) * z_out.view(b, g, 1, 1, 1)
+    return u_out.view(a.shape), z_out
+
+
+def make_adapter_case(c_in, g_in, c, g, stride, h, w, conv=True,
+                      dtype=torch.float64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.randn(3, c_in, h, w, generator=gen, dtype=dtype) + 0.5
+    z = torch.rand(3, g_in, generator=gen, dtype=dtype) * 3 + 1
+    weight = torch.randn(c, c_in // g, 1, 1, generator=gen,
+                         dtype=dtype) if conv else None
+    bn = torch.nn.BatchNorm2d(c).to(dtype).eval()
+    with torch.no_grad():
+        for t, lo, hi in ((bn.weight, 0.5, 1.5), (bn.bias, -0.3, 0.3),
+                          (bn.running_mean, -0.3, 0.3),
+                          (bn.running_var, 0.5, 2.0)):
+            t.copy_(torch.rand(c, generator=gen, dtype=dtype) * (hi - lo) +
+                    lo)
+    k_kernel = torch.randn(1, 1, 5, generator=gen, dtype=dtype)
+    norm_d = torch.rand(g, generator=gen, dtype=dtype) + 0.7
+    return u, z, weight, stride, bn, k_kernel, norm_d
+
+
+def op_weight(weight, c, g):
+    """The op's (C, C' / G) weight: the conv's, or identity blocks."""
+    if weight is None:
+        return torch.eye(c // g, dtype=torch.float64).repeat(g, 1)
+    return weight.view(c, -1)
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    'c_in,g_in,c,g,stride,h,w,conv',
+    [(16, 2, 32, 4, 2, 8, 6, True),     # ResNet-like: width x2, stride 2
+     (24, 6, 48, 3, 2, 7, 5, True),     # more incoming heads, odd sizes
+     (16, 4, 32, 4, 3, 10, 7, True),    # stride 3, sizes not divisible
+     (12, 3, 12, 3, 1, 5, 5, False)])   # same width and resolution
+def test_adapter_matches_reference(c_in, g_in, c, g, stride, h, w, conv,
+                                   dtype):
+    u, z, weight, stride, bn, k_kernel, norm_d = make_adapter_case(
+        c_in, g_in, c, g, stride, h, w, conv, dtype)
+    u_ref, z_ref = reference_adapter(u, z, weight, stride, bn, k_kernel,
+                                     norm_d)
+    u_got, z_got = kcla_adapter_inference(u, z, op_weight(weight, c, g),
+                                          stride, bn, k_kernel, norm_d, 10.0)
+    assert u_got.shape == (3, c, -(-h // stride), -(-w // stride))
+    # float32: rounding differs with the order of the folded products
+    scale = u_ref.abs().max().item()
+    tol = dict(rtol=1e-4, atol=1e-5 * scale) \
+        if dtype == torch.float32 else {}
+    torch.testing.assert_close(u_got, u_ref, **tol)
+    torch.testing.assert_close(z_got, z_ref, **tol)
+
+
+def test_adapter_weight_clamp_and_operand_casts():
+    """A sample whose keys pass the exp clamp gets z = e^10 in every head;
+    float32 parameters and a non-contiguous float64 state are cast as
+    needed (the result is float64)."""
+    u, z, weight, stride, bn, k_kernel, norm_d = make_adapter_case(
+        16, 2, 32, 4, 2, 8, 6, dtype=torch.float32)
+    u, z = u.double(), z.double()
+    u[0] *= 1e4
+    u_t = u.transpose(2, 3).contiguous().transpose(2, 3)  # not contiguous
+    u_ref, z_ref = reference_adapter(u, z, weight.double(), stride,
+                                     copy.deepcopy(bn).double(),
+                                     k_kernel.double(), norm_d.double())
+    assert torch.all(z_ref[0] == math.exp(10.0))
+    u_got, z_got = kcla_adapter_inference(
+        u_t, z, weight.view(32, -1), stride, bn, k_kernel, norm_d, 10.0)
+    assert u_got.dtype == z_got.dtype == torch.float64
+    torch.testing.assert_close(z_got, z_ref)
+    torch.testing.assert_close(u_got, u_ref)
+
+
+def test_raw_adapter_op_names_bad_arguments():
+    ext = get_ext()
+    u, z, weight, _, bn, k_kernel, norm_d = make_adapter_case(
+        16, 2, 32, 4, 2, 8, 6, dtype=torch.float32)
+    ones = torch.ones(32)
+
+    def call(**change):
+        args = dict(u=u, z=z, weight=weight.view(32, -1), stride=2,
+                    bn_weight=ones, bn_bias=ones, bn_mean=ones, bn_var=ones,
+                    k_kernel=k_kernel, norm_d=norm_d,
+                    u_out=torch.empty(3, 32, 4, 3), z_out=torch.empty(3, 4),
+                    bn_eps=1e-5, max_log_weight=10.0)
+        args.update(change)
+        ext.kcla_adapter_inference(**args)
+
+    call()  # valid
+    with pytest.raises(RuntimeError, match=r'`u_out` must be \(B, C, h, w\) '
+                       r'= \(3, C, 4, 3\) \(u at stride 2\)'):
+        call(u_out=torch.empty(3, 32, 8, 6))
+    with pytest.raises(RuntimeError, match=r'`weight` must be \(C, C\' / G\) '
+                       r'= \(32, 4\)'):
+        call(weight=weight.view(32, -1)[:, :2].contiguous())
+    with pytest.raises(RuntimeError, match='`k_kernel` must hold an odd'):
+        call(k_kernel=torch.rand(4))
+    with pytest.raises(RuntimeError, match='`norm_d` must hold G = 4'):
+        call(norm_d=torch.rand(3))
+    with pytest.raises(RuntimeError, match='`z` has dtype Double but `u` '
+                       'has dtype Float'):
+        call(z=z.double())
+    with pytest.raises(RuntimeError, match='`u` must be contiguous'):
+        call(u=u.transpose(2, 3))
+    with pytest.raises(RuntimeError, match='`stride` must be >= 1'):
+        call(stride=0)
+    with pytest.raises(RuntimeError, match=r'heads of `z_out` must divide '
+                       r"the incoming channels C' = 16"):
+        call(z_out=torch.empty(3, 32), norm_d=torch.rand(32),
+             weight=torch.rand(32, 0))
+    with pytest.raises(RuntimeError, match=r'`bn_var` must be \(C,\) with '
+                       'C = 32'):
+        call(bn_var=torch.ones(16))
+    with pytest.raises(RuntimeError, match='BN eps must be positive'):
+        call(bn_eps=0.0)
