@@ -529,9 +529,10 @@ class ResNetKCLA(BaseModule):
                     identity = x if block.downsample is None else \
                         block.downsample(x)
                 if self._fuses_tail(attn):
-                    # an eval BN the layer folds into its one-call op
+                    # the layer applies the block's last norm, or folds it
+                    # into its one-call inference op
                     tail_norm = block.last_norm if block.defers_last_norm \
-                        and attn.folds_tail_norm(x, block.last_norm) else None
+                        else None
                     out, shortcut = block(
                         x, identity, fuse_tail=True,
                         defer_last_norm=tail_norm is not None)
