@@ -28,10 +28,11 @@ def kcla_adapter_inference(u: Tensor, z: Tensor, weight: Tensor,
                            max_log_weight: float) -> Tuple[Tensor, Tensor]:
     """(U', z): (B, C, ceil(H' / s), ceil(W' / s)) and (B, G), no grad.
 
-    ``weight`` is the conv's as (C, C' / G), ``norm``
-    an eval-mode BatchNorm2d (folded in the op), ``k_kernel`` the ECA
-    kernel of Conv1d_u, ``norm_d`` the layer's G temperatures; every
-    operand is cast to ``u``'s dtype (float32 or float64).
+    ``weight`` is the conv's as (C, C' / G) (identity blocks where the
+    adapter has no conv), ``norm`` an eval-mode BatchNorm2d (folded in the
+    op), ``k_kernel`` the ECA kernel of Conv1d_u, ``norm_d`` the layer's G
+    temperatures; every operand is cast to ``u``'s dtype (float32 or
+    float64).
     """
     dtype = u.dtype
     b, c, g = u.shape[0], weight.shape[0], norm_d.numel()
