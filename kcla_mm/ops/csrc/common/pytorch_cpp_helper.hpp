@@ -25,6 +25,14 @@ inline void check_same_device_dtype(const at::Tensor& t, const char* name,
               "` has dtype ", ref.scalar_type());
 }
 
+// Both checks above: `t` contiguous, on `ref`'s device, of its dtype.
+inline void check_operand(const at::Tensor& t, const char* op,
+                          const char* name, const at::Tensor& ref,
+                          const char* ref_name) {
+  check_contiguous(t, op, name);
+  check_same_device_dtype(t, name, ref, ref_name, op);
+}
+
 // The data pointer of `t`, or nullptr when `t` is undefined (optional
 // arguments).
 template <typename T>
@@ -57,8 +65,7 @@ class FeatureArgChecker {
                   x.scalar_type());
     }
     if (!w.defined()) return;  // ops without per-head arguments
-    check_contiguous(w, op, w_name);
-    check_same_device_dtype(w, w_name, x, x_name, op);
+    check_operand(w, op, w_name, x, x_name);
     TORCH_CHECK(w.dim() == 2 && w.size(0) == x.size(0) && w.size(1) > 0 &&
                     x.size(1) % w.size(1) == 0,
                 op, ": argument `", w_name, "` must be (B, G) with B = ",
@@ -124,8 +131,7 @@ class FeatureArgChecker {
 
  private:
   void check(const at::Tensor& t, const char* name) const {
-    check_contiguous(t, op_, name);
-    check_same_device_dtype(t, name, x_, x_name_, op_);
+    check_operand(t, op_, name, x_, x_name_);
   }
   const char* op_;
   const at::Tensor x_;

@@ -208,25 +208,21 @@ void check_head_params(const char* op, const at::Tensor& ref,
                        const char* ref_name, const at::Tensor& q_kernel,
                        const at::Tensor& k_kernel, const at::Tensor& norm_d,
                        const at::Tensor& gate_weight, int64_t G) {
-  const auto operand = [&](const at::Tensor& t, const char* name) {
-    check_contiguous(t, op, name);
-    check_same_device_dtype(t, name, ref, ref_name, op);
-  };
   for (const auto& kernel : {std::make_pair(&q_kernel, "q_kernel"),
                              std::make_pair(&k_kernel, "k_kernel")}) {
     const at::Tensor& t = *kernel.first;
-    operand(t, kernel.second);
+    check_operand(t, op, kernel.second, ref, ref_name);
     TORCH_CHECK(t.numel() % 2 == 1 && t.numel() == q_kernel.numel(), op,
                 ": argument `", kernel.second,
                 "` must hold an odd number of elements, as many as "
                 "`q_kernel` (", q_kernel.numel(), "), got shape ",
                 t.sizes());
   }
-  operand(norm_d, "norm_d");
+  check_operand(norm_d, op, "norm_d", ref, ref_name);
   TORCH_CHECK(norm_d.numel() == G, op,
               ": argument `norm_d` must hold G = ", G, " elements, got shape ",
               norm_d.sizes());
-  operand(gate_weight, "gate_weight");
+  check_operand(gate_weight, op, "gate_weight", ref, ref_name);
   TORCH_CHECK(gate_weight.dim() == 2 && gate_weight.size(0) == G &&
                   gate_weight.size(1) == G,
               op, ": argument `gate_weight` must be (G, G) with G = ", G,
@@ -246,8 +242,7 @@ class HeadArgChecker {
                 pooled.scalar_type());
     TORCH_CHECK(pooled.dim() == 2, op,
                 ": argument `pooled` must be (B, C), got ", pooled.sizes());
-    check_contiguous(w, op, "w");
-    check_same_device_dtype(w, "w", pooled, "pooled", op);
+    check_operand(w, op, "w", pooled, "pooled");
     TORCH_CHECK(w.dim() == 2 && w.size(0) == pooled.size(0) &&
                     w.size(1) > 0 && pooled.size(1) % w.size(1) == 0,
                 op, ": argument `w` must be (B, G) with B = ", pooled.size(0),
@@ -258,8 +253,7 @@ class HeadArgChecker {
   }
   void like(const at::Tensor& t, const at::Tensor& ref, const char* name,
             const char* ref_name) const {
-    check_contiguous(t, op_, name);
-    check_same_device_dtype(t, name, pooled_, "pooled", op_);
+    check_operand(t, op_, name, pooled_, "pooled");
     TORCH_CHECK(t.sizes() == ref.sizes(), op_, ": argument `", name,
                 "` must have the shape of `", ref_name, "` ", ref.sizes(),
                 ", got ", t.sizes());
@@ -564,8 +558,7 @@ void kcla_adapter_inference(
   const int64_t B = u.size(0), Ci = u.size(1);
   const int64_t h = (u.size(2) + stride - 1) / stride;
   const int64_t w = (u.size(3) + stride - 1) / stride;
-  check_contiguous(u_out, op, "u_out");
-  check_same_device_dtype(u_out, "u_out", u, "u", op);
+  check_operand(u_out, op, "u_out", u, "u");
   TORCH_CHECK(u_out.dim() == 4 && u_out.size(0) == B && u_out.size(2) == h &&
                   u_out.size(3) == w,
               op, ": argument `u_out` must be (B, C, h, w) = (", B, ", C, ",
@@ -575,8 +568,7 @@ void kcla_adapter_inference(
   const int64_t C = u_out.size(1), G = z_out.size(1);
   TORCH_CHECK(Ci % G == 0, op, ": the ", G, " heads of `z_out` must divide "
               "the incoming channels C' = ", Ci);
-  check_contiguous(weight, op, "weight");
-  check_same_device_dtype(weight, "weight", u, "u", op);
+  check_operand(weight, op, "weight", u, "u");
   TORCH_CHECK(weight.dim() == 2 && weight.size(0) == C &&
                   weight.size(1) == Ci / G,
               op, ": argument `weight` must be (C, C' / G) = (", C, ", ",
@@ -585,11 +577,8 @@ void kcla_adapter_inference(
   ck.channels(bn_bias, "bn_bias");
   ck.channels(bn_mean, "bn_mean");
   ck.channels(bn_var, "bn_var");
-  for (const auto& param : {std::make_pair(&k_kernel, "k_kernel"),
-                            std::make_pair(&norm_d, "norm_d")}) {
-    check_contiguous(*param.first, op, param.second);
-    check_same_device_dtype(*param.first, param.second, u, "u", op);
-  }
+  check_operand(k_kernel, op, "k_kernel", u, "u");
+  check_operand(norm_d, op, "norm_d", u, "u");
   TORCH_CHECK(k_kernel.numel() % 2 == 1, op,
               ": argument `k_kernel` must hold an odd number of elements, "
               "got shape ", k_kernel.sizes());
