@@ -1069,7 +1069,7 @@ void adapter_inference(const at::Tensor& u, const at::Tensor& z,
   const int64_t B = u.size(0), Ci = u.size(1), H = u.size(2), W = u.size(3);
   const int64_t C = u_out.size(1), h = u_out.size(2), w = u_out.size(3);
   const int64_t hw = h * w, G = z_out.size(1), d = C / G, di = Ci / G;
-  const int64_t din = Ci / z.size(1);  // channels per incoming head
+  const int64_t Gi = z.size(1), din = Ci / Gi;  // incoming heads
   const at::Tensor us =
       stride == 1 ? u : at::empty({B, Ci, h, w}, u.options());
   std::vector<T> gap(B * Ci);
@@ -1104,13 +1104,15 @@ void adapter_inference(const at::Tensor& u, const at::Tensor& z,
   std::vector<double> key(C);
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t c = 0; c < Ci; ++c) {
-      inv_z[c] = T(1) / pz[b * z.size(1) + c / din];
+      inv_z[c] = T(1) / pz[b * Gi + c / din];
     }
-    for (int64_t c = 0; c < C; ++c) {  // GAP(A')
+    for (int64_t c = 0; c < C; ++c) {  // W_b's row c, then GAP(A')
       const int64_t c0 = (c / d) * di;
+      T* row = pm + (b * C + c) * di;
       T y = 0;
       for (int64_t j = 0; j < di; ++j) {
-        y += pw[c * di + j] * inv_z[c0 + j] * gap[b * Ci + c0 + j];
+        row[j] = pw[c * di + j] * inv_z[c0 + j];
+        y += row[j] * gap[b * Ci + c0 + j];
       }
       pooled[c] = bn.scale[c] * y + bn.shift[c];
     }
@@ -1121,12 +1123,10 @@ void adapter_inference(const at::Tensor& u, const at::Tensor& z,
       const T zg =
           T(std::exp(std::min(std::sqrt(k2) / double(pnd[g]), max_log_weight)));
       pzo[b * G + g] = zg;
-      for (int64_t c = g * d; c < (g + 1) * d; ++c) {
+      for (int64_t c = g * d; c < (g + 1) * d; ++c) {  // z scale W_b
         const T sc = zg * bn.scale[c];
         T* row = pm + (b * C + c) * di;
-        for (int64_t j = 0; j < di; ++j) {
-          row[j] = sc * pw[c * di + j] * inv_z[g * di + j];
-        }
+        for (int64_t j = 0; j < di; ++j) row[j] *= sc;
         pb[b * C + c] = zg * bn.shift[c];
       }
     }
