@@ -190,14 +190,34 @@ def test_odd_and_tiny_planes(size, branch_path):
 
 @pytest.mark.parametrize('training', [True, False])
 @pytest.mark.parametrize('b,c,g,h,w', [(3, 12, 3, 7, 7), (2, 8, 2, 8, 8),
-                                       (1, 9, 3, 3, 3), (4, 4100, 1025, 8, 8)])
+                                       (1, 9, 3, 3, 3), (4, 4100, 1025, 8, 8),
+                                       (2, 32, 2, 7, 7)])
 def test_small_planes_in_lane_groups(b, c, g, h, w, training, branch_path):
     """Planes of up to 64 values, which the AVX2 kernels take eight at a
-    time: groups across two samples (12 channels), whole groups only (16
-    planes of 64 values), a group and one plane left over (9 planes of 9),
-    and maps over 4 MiB (run a block of channels at a time)."""
+    time: groups across two samples and two heads (12 channels), whole
+    groups only (16 planes of 64 values), a group and one plane left over
+    (9 planes of 9), maps over 4 MiB (run a block of channels at a time),
+    and heads of 16 channels (each group within one head, whose state
+    loops then run over the group's eight planes at once)."""
     case = make_case(b=b, c=c, h=h, w=w, g=g)
     check_branch_against_reference(case, training, scaled_atol=True)
+
+
+@pytest.mark.parametrize('c,g', [(12, 3), (32, 2)])
+def test_lane_groups_without_state_gradients(c, g):
+    """7x7 planes in lane groups with a constant incoming state and no
+    gradient for u_next (the kernels' scratch stands in for both, for runs
+    of four and of eight planes in one head)."""
+    x, u, w, z, gate, weight, norm, keep = make_case(b=2, c=c, h=7, w=7, g=g)
+    ref_norm = clone_norm(norm).train()
+    norm.train()
+    leaves = [t.requires_grad_() for t in (x, w, z, gate, weight)]
+    fused, _ = kcla_branch(x, u, w, z, gate, weight, norm, keep[:2], EPS)
+    ref, _ = reference_branch(x, u, w, z, gate, weight, ref_norm, keep[:2])
+    seed = torch.randn_like(fused)
+    for a, b in zip(torch.autograd.grad(fused, leaves, seed),
+                    torch.autograd.grad(ref, leaves, seed)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
 def reference_heads(pooled, q_kernel, k_kernel, norm_d, gate_weight, z,
@@ -446,14 +466,18 @@ def test_raw_one_call_training_ops_name_bad_arguments():
             torch.ones(12), False, EPS)
 
 
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
 @pytest.mark.parametrize('with_residual', [False, True])
-@pytest.mark.parametrize('size', [(1, 1), (3, 3), (5, 7), (9, 9)])
-def test_relu_pool_matches_relu_and_mean(size, with_residual):
+@pytest.mark.parametrize('size', [(1, 1), (3, 3), (4, 4), (5, 7), (7, 7),
+                                  (9, 9)])
+def test_relu_pool_matches_relu_and_mean(size, with_residual, dtype):
     """relu_pool: ReLU(s [+ residual]) in place, the mean per plane, and
-    their gradients (float64 gradcheck and against F.relu + mean)."""
+    their gradients (against F.relu + mean; float64 gradcheck). Planes of
+    whole 8-value chunks (4x4) and with values left over (the AVX2 copy
+    runs float32 planes in 8-value chunks, the rest in scalar code)."""
     gen = torch.Generator().manual_seed(1)
-    s = torch.randn(2, 3, *size, generator=gen, dtype=torch.float64)
-    r = torch.randn(2, 3, *size, generator=gen, dtype=torch.float64) \
+    s = torch.randn(2, 3, *size, generator=gen, dtype=dtype)
+    r = torch.randn(2, 3, *size, generator=gen, dtype=dtype) \
         if with_residual else torch.zeros_like(s)
     s[0, 0].view(-1)[0] = -r[0, 0].view(-1)[0]  # the kink: ReLU'(0) = 0
     leaf, r_leaf = s.clone().requires_grad_(), r.clone().requires_grad_()
@@ -469,11 +493,27 @@ def test_relu_pool_matches_relu_and_mean(size, with_residual):
     want = torch.autograd.grad((ref_x, ref_x.mean((2, 3))), inputs, seeds)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
-    smooth = [torch.randn(2, 3, *size, generator=gen, dtype=torch.float64,
-                          requires_grad=True)
-              for _ in range(1 + with_residual)]
-    assert torch.autograd.gradcheck(lambda t, *res: relu_pool(t * 1.0, *res),
-                                    smooth)
+    if dtype == torch.float64:
+        smooth = [torch.randn(2, 3, *size, generator=gen, dtype=dtype,
+                              requires_grad=True)
+                  for _ in range(1 + with_residual)]
+        assert torch.autograd.gradcheck(
+            lambda t, *res: relu_pool(t * 1.0, *res), smooth)
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+def test_relu_pool_passes_nan_on(dtype):
+    """A NaN before the ReLU stays NaN (as F.relu keeps it), in an 8-value
+    chunk and in a plane's values left over, and so does its plane's mean;
+    the other planes are untouched by it."""
+    s = torch.rand(1, 3, 3, 3, dtype=dtype)
+    s[0, 0, 0, 1] = float('nan')
+    s[0, 1, 2, 2] = float('nan')  # value 8: after the plane's one chunk
+    with torch.no_grad():
+        x, pooled = relu_pool(s.clone())
+    assert x[0, 0, 0, 1].isnan() and x[0, 1, 2, 2].isnan()
+    assert pooled[0, :2].isnan().all() and not pooled[0, 2].isnan()
+    assert x.isnan().sum() == 2
 
 
 @pytest.mark.parametrize('training', [True, False])

@@ -404,105 +404,6 @@ void two_passes(const Dims& dm, const First& first, const Fold& fold,
   });
 }
 
-// ReLU(sc * v + sh + res) over one plane of n values, in place, with its
-// byte mask where Mask; returns the plane's sum. One copy per operand set,
-// so that every loop is alias-free.
-template <typename T, bool Residual, bool Affine, bool Mask>
-inline T relu_pool_plane(T* __restrict__ v, const T* __restrict__ res, T sc,
-                         T sh, uint8_t* __restrict__ o, int64_t n) {
-  T sum = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    T a = v[i];
-    if (Affine) a = sc * a + sh;
-    if (Residual) a += res[i];
-    const T r = std::max(a, T(0));
-    v[i] = r;
-    sum += r;
-    if (Mask) o[i] = r > T(0);
-  }
-  return sum;
-}
-
-// fn(std::true_type()) if flag, else fn(std::false_type()): a run-time
-// flag as a compile-time one.
-template <typename Fn>
-inline void with_flag(bool flag, const Fn& fn) {
-  if (flag) {
-    fn(std::true_type());
-  } else {
-    fn(std::false_type());
-  }
-}
-
-// relu_pool over planes [begin, end) of s (B, C, H, W): in place, with the
-// residual and a per-channel affine (scale, shift) before the ReLU where
-// given; the mean of each plane into pooled[p], its bit mask into mask
-// where given.
-template <typename T>
-void relu_pool_planes(T* ps, const T* pr, const T* pscale, const T* pshift,
-                      uint8_t* pmask, T* pp, int64_t C, int64_t hw,
-                      int64_t begin, int64_t end) {
-  const int64_t bytes = (hw + 7) / 8;
-  std::vector<uint8_t> on(pmask != nullptr ? hw : 0);
-  with_flag(pr != nullptr, [&](auto residual) {
-    with_flag(pscale != nullptr, [&](auto affine) {
-      with_flag(pmask != nullptr, [&](auto mask) {
-        for (int64_t p = begin; p < end; ++p) {
-          const T sc = affine ? pscale[p % C] : T(1);
-          const T sh = affine ? pshift[p % C] : T(0);
-          const T sum =
-              relu_pool_plane<T, residual, affine, mask>(
-                  ps + p * hw, residual ? pr + p * hw : nullptr, sc, sh,
-                  on.data(), hw);
-          if (mask) pack_bits(on.data(), hw, pmask + p * bytes);
-          pp[p] = sum / T(hw);
-        }
-      });
-    });
-  });
-}
-
-template <typename T>
-void relu_pool_forward(at::Tensor& s, const at::Tensor& residual,
-                       at::Tensor& mask, at::Tensor& pooled) {
-  const int64_t C = s.size(1), hw = s.size(2) * s.size(3);
-  T* ps = s.data_ptr<T>();
-  const T* pr = data_ptr_or_null<T>(residual);
-  uint8_t* pmask = data_ptr_or_null<uint8_t>(mask);
-  T* pp = pooled.data_ptr<T>();
-  at::parallel_for(0, s.size(0) * C, 1, [&](int64_t begin, int64_t end) {
-    relu_pool_planes<T>(ps, pr, nullptr, nullptr, pmask, pp, C, hw, begin,
-                        end);
-  });
-}
-
-template <typename T>
-void relu_pool_backward(const at::Tensor& grad_x, const at::Tensor& grad_pooled,
-                        const at::Tensor& mask, at::Tensor& grad_s) {
-  const int64_t planes = grad_x.size(0) * grad_x.size(1);
-  const int64_t hw = grad_x.size(2) * grad_x.size(3), bytes = (hw + 7) / 8;
-  const T *pgx = grad_x.data_ptr<T>(), *pgp = grad_pooled.data_ptr<T>();
-  const uint8_t* pmask = mask.data_ptr<uint8_t>();
-  T* pgs = grad_s.data_ptr<T>();
-  at::parallel_for(0, planes, 1, [&, hw](int64_t begin, int64_t end) {
-    const int64_t n_hw = hw;
-    std::vector<uint8_t> on(n_hw);
-    for (int64_t p = begin; p < end; ++p) {
-      const uint8_t* __restrict__ o = on.data();
-      unpack_bits(pmask + p * bytes, n_hw, on.data());
-      const T gp = pgp[p] / T(n_hw);
-      if (pgs == pgx) {  // grad_s over grad_x, in place
-        T* __restrict__ gs = pgs + p * n_hw;
-        for (int64_t i = 0; i < n_hw; ++i) gs[i] = o[i] ? gs[i] + gp : T(0);
-      } else {
-        const T* __restrict__ g = pgx + p * n_hw;
-        T* __restrict__ gs = pgs + p * n_hw;
-        for (int64_t i = 0; i < n_hw; ++i) gs[i] = o[i] ? g[i] + gp : T(0);
-      }
-    }
-  });
-}
-
 // The operands of the forward kernels (optional ones null).
 template <typename T>
 struct ForwardOperands {
@@ -524,7 +425,8 @@ struct BackwardOperands {
   T eps;
 };
 
-// Whether this copy has lane-group kernels for T.
+// Whether this copy has kcla_branch_lanes.hpp's kernels for T (the lane
+// groups, relu_pool's chunks).
 template <typename T>
 constexpr bool kHasLanes =
 #ifdef KCLA_CPU_LANES
@@ -575,6 +477,118 @@ void over_planes(const Dims& dm, PlaneRange planes, T* conv,
     }
   }
   planes_fn(planes, conv);
+}
+
+// ReLU(sc * v + sh + res) over one plane of n values, in place, with its
+// byte mask where Mask; returns the plane's sum. One copy per operand set,
+// so that every loop is alias-free.
+template <typename T, bool Residual, bool Affine, bool Mask>
+inline T relu_pool_plane(T* __restrict__ v, const T* __restrict__ res, T sc,
+                         T sh, uint8_t* __restrict__ o, int64_t n) {
+  T sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    T a = v[i];
+    if (Affine) a = sc * a + sh;
+    if (Residual) a += res[i];
+    const T r = std::max(a, T(0));
+    v[i] = r;
+    sum += r;
+    if (Mask) o[i] = r > T(0);
+  }
+  return sum;
+}
+
+// fn(std::true_type()) if flag, else fn(std::false_type()): a run-time
+// flag as a compile-time one.
+template <typename Fn>
+inline void with_flag(bool flag, const Fn& fn) {
+  if (flag) {
+    fn(std::true_type());
+  } else {
+    fn(std::false_type());
+  }
+}
+
+// relu_pool over planes [begin, end) of s (B, C, H, W): in place, with the
+// residual and a per-channel affine (scale, shift) before the ReLU where
+// given; the mean of each plane into pooled[p], its bit mask into mask
+// where given.
+template <typename T>
+void relu_pool_planes(T* ps, const T* pr, const T* pscale, const T* pshift,
+                      uint8_t* pmask, T* pp, int64_t C, int64_t hw,
+                      int64_t begin, int64_t end) {
+  const int64_t bytes = (hw + 7) / 8;
+  std::vector<uint8_t> on(!kHasLanes<T> && pmask != nullptr ? hw : 0);
+  with_flag(pr != nullptr, [&](auto residual) {
+    with_flag(pscale != nullptr, [&](auto affine) {
+      with_flag(pmask != nullptr, [&](auto mask) {
+        for (int64_t p = begin; p < end; ++p) {
+          const T sc = affine ? pscale[p % C] : T(1);
+          const T sh = affine ? pshift[p % C] : T(0);
+          T* v = ps + p * hw;
+          const T* res = residual ? pr + p * hw : nullptr;
+          T sum;
+          if constexpr (kHasLanes<T>) {  // the bits straight from vectors
+            sum = relu_pool_chunks<residual, affine, mask>(
+                v, res, sc, sh, mask ? pmask + p * bytes : nullptr, hw);
+          } else {
+            sum = relu_pool_plane<T, residual, affine, mask>(v, res, sc, sh,
+                                                             on.data(), hw);
+            if (mask) pack_bits(on.data(), hw, pmask + p * bytes);
+          }
+          pp[p] = sum / T(hw);
+        }
+      });
+    });
+  });
+}
+
+template <typename T>
+void relu_pool_forward(at::Tensor& s, const at::Tensor& residual,
+                       at::Tensor& mask, at::Tensor& pooled) {
+  const int64_t C = s.size(1), hw = s.size(2) * s.size(3);
+  T* ps = s.data_ptr<T>();
+  const T* pr = data_ptr_or_null<T>(residual);
+  uint8_t* pmask = data_ptr_or_null<uint8_t>(mask);
+  T* pp = pooled.data_ptr<T>();
+  at::parallel_for(0, s.size(0) * C, 1, [&](int64_t begin, int64_t end) {
+    relu_pool_planes<T>(ps, pr, nullptr, nullptr, pmask, pp, C, hw, begin,
+                        end);
+  });
+}
+
+template <typename T>
+void relu_pool_backward(const at::Tensor& grad_x, const at::Tensor& grad_pooled,
+                        const at::Tensor& mask, at::Tensor& grad_s) {
+  const int64_t planes = grad_x.size(0) * grad_x.size(1);
+  const int64_t hw = grad_x.size(2) * grad_x.size(3), bytes = (hw + 7) / 8;
+  const T *pgx = grad_x.data_ptr<T>(), *pgp = grad_pooled.data_ptr<T>();
+  const uint8_t* pmask = mask.data_ptr<uint8_t>();
+  T* pgs = grad_s.data_ptr<T>();
+  at::parallel_for(0, planes, 1, [&, hw](int64_t begin, int64_t end) {
+    const int64_t n_hw = hw;
+    if constexpr (kHasLanes<T>) {  // the bits straight into vector masks
+      for (int64_t p = begin; p < end; ++p) {
+        relu_pool_grad_chunks(pgx + p * n_hw, pgp[p] / T(n_hw),
+                              pmask + p * bytes, pgs + p * n_hw, n_hw);
+      }
+      return;
+    }
+    std::vector<uint8_t> on(n_hw);
+    for (int64_t p = begin; p < end; ++p) {
+      const uint8_t* __restrict__ o = on.data();
+      unpack_bits(pmask + p * bytes, n_hw, on.data());
+      const T gp = pgp[p] / T(n_hw);
+      if (pgs == pgx) {  // grad_s over grad_x, in place
+        T* __restrict__ gs = pgs + p * n_hw;
+        for (int64_t i = 0; i < n_hw; ++i) gs[i] = o[i] ? gs[i] + gp : T(0);
+      } else {
+        const T* __restrict__ g = pgx + p * n_hw;
+        T* __restrict__ gs = pgs + p * n_hw;
+        for (int64_t i = 0; i < n_hw; ++i) gs[i] = o[i] ? g[i] + gp : T(0);
+      }
+    }
+  });
 }
 
 // branch_stats over `planes`: u_next, and stats[p] = (mean, sum of squared
@@ -1404,15 +1418,12 @@ void branch_train_backward(
       pgg[b * G + g] = T(sgate);
     }
   }
-  for (int64_t c = 0; c < C; ++c) {
-    for (int t = 0; t < 9; ++t) {
-      double sum = 0;
-      for (int64_t b = 0; b < B; ++b) {
-        sum += double(weight_sums[9 * (b * C + c) + t]);
-      }
-      pgk[9 * c + t] = T(sum);
-    }
+  std::vector<double> sum_k(9 * C, 0.0);  // over the batch, in order
+  for (int64_t b = 0; b < B; ++b) {
+    const T* __restrict__ ws = weight_sums.data() + 9 * b * C;
+    for (int64_t i = 0; i < 9 * C; ++i) sum_k[i] += double(ws[i]);
   }
+  for (int64_t i = 0; i < 9 * C; ++i) pgk[i] = T(sum_k[i]);
 }
 
 #define KCLA_DISPATCH_CPU(TYPE, NAME, ...) \

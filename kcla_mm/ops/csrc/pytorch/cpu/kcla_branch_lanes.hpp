@@ -7,7 +7,8 @@
 // and one vector holds the eight planes' sums. The planes' values go in
 // and out through 8x8 transposes in registers, their bit masks through 8x8
 // bit transposes; the element-wise work with per-plane scalars stays in
-// the planes' own layout.
+// the planes' own layout. Also relu_pool's plane loops (any plane size),
+// in 8-value chunks with each mask byte straight from a vector compare.
 //
 // Part of kcla_branch_kernels.hpp (its namespace, after its operand
 // structs), in the AVX2 copy only (KCLA_CPU_LANES); the includer brings
@@ -68,6 +69,12 @@ struct Group {
       }
     }
   }
+  // planes j, j + 1, ... in the same (sample, head) as plane j
+  int64_t run(int64_t j) const {
+    int64_t k = j + 1;
+    while (k < 8 && n[k] == n[j]) ++k;
+    return k - j;
+  }
   // a vector of f(j) in lane j
   template <typename F>
   __m256 lanes(const F& f) const {
@@ -86,14 +93,15 @@ struct LaneScratch {
   std::vector<float> agg, grad;  // (H + 2) x (W + 2) cells of 8 lanes
   std::vector<float> conv, go, y, ga;  // hw x 8 lanes
   std::vector<float> y_planes, ga_planes, x_rec;  // 8 planes of hw
-  std::vector<float> zeros;      // hw: an absent grad_u_next
-  std::vector<float> gu;         // hw: grad_u where it is not wanted
+  std::vector<float> zeros;      // hw x 8: an absent grad_u_next
+  std::vector<float> gu;         // hw x 8: grad_u where it is not wanted
   std::vector<uint8_t> on;       // hw: bit j = plane j's mask bit
   LaneScratch(int64_t h, int64_t w)
       : H(h), W(w), hw(h * w), grid(hw), dense(hw),
         agg((h + 2) * (w + 2) * 8, 0.f), grad(agg.size(), 0.f),
         conv(hw * 8), go(hw * 8), y(hw * 8), ga(hw * 8), y_planes(hw * 8),
-        ga_planes(hw * 8), x_rec(hw * 8), zeros(hw, 0.f), gu(hw), on(hw) {
+        ga_planes(hw * 8), x_rec(hw * 8), zeros(hw * 8, 0.f), gu(hw * 8),
+        on(hw) {
     for (int64_t i = 0; i < hw; ++i) {
       grid[i] = int32_t((i / W + 1) * (W + 2) + i % W + 1);
       dense[i] = int32_t(i);
@@ -182,6 +190,65 @@ inline __m256 lane_mask(uint8_t bits) {
   return _mm256_castsi256_ps(_mm256_cmpeq_epi32(v, lane_bit));
 }
 
+// relu_pool's planes in the AVX2 copy (float), eight values per vector,
+// each chunk's mask byte from one compare (pack_bits' layout); a plane's
+// last values short of a chunk (7x7: one) in scalar code.
+
+// relu_pool_plane<float, Residual, Affine, Mask> with the plane's bit mask
+// into bits (where Mask); returns the plane's sum.
+template <bool Residual, bool Affine, bool Mask>
+inline float relu_pool_chunks(float* v, const float* res, float sc, float sh,
+                              uint8_t* bits, int64_t n) {
+  const __m256 zero = _mm256_setzero_ps();
+  const __m256 vsc = _mm256_set1_ps(sc), vsh = _mm256_set1_ps(sh);
+  __m256 sum = zero;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 a = _mm256_loadu_ps(v + i);
+    if (Affine) a = _mm256_fmadd_ps(vsc, a, vsh);
+    if (Residual) a = _mm256_add_ps(a, _mm256_loadu_ps(res + i));
+    const __m256 r = _mm256_max_ps(zero, a);  // NaN stays NaN, as std::max
+    _mm256_storeu_ps(v + i, r);
+    sum = _mm256_add_ps(sum, r);
+    if (Mask) {
+      bits[i / 8] = uint8_t(
+          _mm256_movemask_ps(_mm256_cmp_ps(r, zero, _CMP_GT_OQ)));
+    }
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sum);
+  float total = 0;
+  for (float l : lanes) total += l;
+  if (i < n) {
+    uint8_t byte = 0;
+    for (int64_t k = 0; i + k < n; ++k) {
+      float a = v[i + k];
+      if (Affine) a = sc * a + sh;
+      if (Residual) a += res[i + k];
+      const float r = std::max(a, 0.f);
+      v[i + k] = r;
+      total += r;
+      byte |= uint8_t(r > 0.f) << k;
+    }
+    if (Mask) bits[i / 8] = byte;
+  }
+  return total;
+}
+
+// relu_pool's backward over one plane: gs = bit ? g + gp : 0 (gs may be g).
+inline void relu_pool_grad_chunks(const float* g, float gp,
+                                  const uint8_t* bits, float* gs, int64_t n) {
+  const __m256 vgp = _mm256_set1_ps(gp);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_add_ps(_mm256_loadu_ps(g + i), vgp);
+    _mm256_storeu_ps(gs + i, _mm256_and_ps(lane_mask(bits[i / 8]), v));
+  }
+  for (int64_t k = 0; i + k < n; ++k) {
+    gs[i + k] = (bits[i / 8] >> k) & 1 ? g[i + k] + gp : 0.f;
+  }
+}
+
 // The group's 3x3 kernels (flipped: rotated by 180 degrees, the
 // transpose's), tap t in w9[t].
 inline void lane_kernels(const float* weight, const Group& g, bool flipped,
@@ -251,10 +318,11 @@ inline void store_pairs(__m256 first, __m256 second, int64_t p0, float* out) {
 inline void update_conv_group(const Dims& dm, const ForwardOperands<float>& a,
                               const Group& g, LaneScratch& s, float* cv) {
   const int64_t hw = dm.HW;
-  for (int64_t j = 0; j < 8; ++j) {
-    const int64_t off = (g.p0 + j) * hw;
+  for (int64_t j = 0; j < 8;) {  // one loop per run of planes in a head
+    const int64_t len = g.run(j), off = (g.p0 + j) * hw;
     update_state<float>(a.x + off, a.u ? a.u + off : nullptr, a.u_next + off,
-                        a.w[g.n[j]], hw);
+                        a.w[g.n[j]], len * hw);
+    j += len;
   }
   const __m256 inv =
       g.lanes([&](int64_t j) { return 1.f / (a.z[g.n[j]] + a.eps); });
@@ -428,8 +496,11 @@ inline void backward_group(const Dims& dm, const BackwardOperands<float>& a,
   alignas(32) float v_gate[8], v_gw[9][8];
   _mm256_store_ps(v_gate, s_gate);
   for (int64_t t = 0; t < 9; ++t) _mm256_store_ps(v_gw[t], gw9[t]);
-  for (int64_t j = 0; j < 8; ++j) {
-    const int64_t p = p0 + j, po = p * hw;
+  // the state's gradients and inversion, one loop per run of planes with
+  // the same head (its sums s_z, s_w in the run's first plane, zero in the
+  // others: the callers sum them over the head)
+  for (int64_t j = 0; j < 8;) {
+    const int64_t len = g.run(j), p = p0 + j, po = p * hw;
     const float wv = a.w[g.n[j]];
     const float* xr = s.x_rec.data() + j * hw;
     float s_z, s_w;
@@ -437,11 +508,17 @@ inline void backward_group(const Dims& dm, const BackwardOperands<float>& a,
         s.ga_planes.data() + j * hw, a.u_next + po,
         a.grad_u_next != nullptr ? a.grad_u_next + po : s.zeros.data(),
         a.grad_out + po, xr, a.grad_u != nullptr ? a.grad_u + po : s.gu.data(),
-        a.grad_x + po, inv[j], wv, hw, s_z, s_w);
+        a.grad_x + po, inv[j], wv, len * hw, s_z, s_w);
     invert_state<float>(a.u_next + po, a.u_prev ? a.u_prev + po : nullptr, xr,
-                        wv, hw);
-    head_sums[3 * p] = s_w;
-    head_sums[3 * p + 1] = -s_z * inv[j] * inv[j];
+                        wv, len * hw);
+    for (int64_t k = 0; k < len; ++k) {
+      head_sums[3 * (p + k)] = k == 0 ? s_w : 0.f;
+      head_sums[3 * (p + k) + 1] = k == 0 ? -s_z * inv[j] * inv[j] : 0.f;
+    }
+    j += len;
+  }
+  for (int64_t j = 0; j < 8; ++j) {
+    const int64_t p = p0 + j;
     head_sums[3 * p + 2] = v_gate[j];
     for (int64_t t = 0; t < 9; ++t) weight_sums[9 * p + t] = v_gw[t][j];
   }
