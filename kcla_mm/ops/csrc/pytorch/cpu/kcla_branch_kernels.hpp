@@ -850,6 +850,12 @@ void eca_pair(const HeadOperands<T>& h, const T* pooled, int64_t C,
   eca<T>(h.kk, h.k, pooled, C, key);
 }
 
+// A head's layer weight from its key's norm (spec step 2):
+// exp(min(|K_g| / norm_d_g, max_log)).
+inline double layer_weight(double key_norm, double norm_d, double max_log) {
+  return std::exp(std::min(key_norm / norm_d, max_log));
+}
+
 // Over head g's d channels: (|K_g|, <Q_g, K_g>).
 inline std::pair<double, double> head_norm_dot(const double* q,
                                                const double* key, int64_t g,
@@ -874,8 +880,7 @@ void sample_heads(const HeadOperands<T>& h, const T* pooled, int64_t C,
   std::vector<double> rel(G);
   for (int64_t g = 0; g < G; ++g) {
     const auto [norm, qk] = head_norm_dot(q.data(), key.data(), g, C / G);
-    const double wv = std::exp(std::min(norm / double(h.norm_d[g]),
-                                        h.max_log));
+    const double wv = layer_weight(norm, double(h.norm_d[g]), h.max_log);
     w[g] = T(wv);
     z_next[g] = z != nullptr ? T(double(z[g]) + wv) : T(wv);
     rel[g] = qk / std::max(norm, h.key_eps);
@@ -1134,8 +1139,8 @@ void adapter_inference(const at::Tensor& u, const at::Tensor& z,
     for (int64_t g = 0; g < G; ++g) {
       double k2 = 0;
       for (int64_t c = g * d; c < (g + 1) * d; ++c) k2 += key[c] * key[c];
-      const T zg =
-          T(std::exp(std::min(std::sqrt(k2) / double(pnd[g]), max_log_weight)));
+      const T zg = T(layer_weight(std::sqrt(k2), double(pnd[g]),
+                                  max_log_weight));
       pzo[b * G + g] = zg;
       for (int64_t c = g * d; c < (g + 1) * d; ++c) {  // z scale W_b
         const T sc = zg * bn.scale[c];
