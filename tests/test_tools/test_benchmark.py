@@ -76,3 +76,25 @@ def test_fused_op_section_times_the_same_maths():
     assert len(results[0]) == 13
     for ref, fused in zip(*results):
         torch.testing.assert_close(fused, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_network_section_prints_times_and_page_faults():
+    """(a) runs both networks and prints, for training and inference, the
+    two medians and their ratio, then each side's minor page faults per
+    call (numbers only: no timing is asserted)."""
+    result = subprocess.run(
+        [sys.executable, 'tools/analysis/benchmark_kcla.py', '--sections',
+         'a', '--runs', '1', '--warmup', '0', '--batch', '1'],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    for name in ('training step (fwd+bwd)', 'inference (eval, no grad)'):
+        at = next(i for i, line in enumerate(lines) if name in line)
+        plain_ms, kcla_ms, unit, ratio = lines[at].split()[-4:]
+        assert unit == 'ms' and float(plain_ms) > 0 and float(kcla_ms) > 0
+        # the ratio of the unrounded times: within rounding of the printed
+        assert abs(float(ratio[:-1]) -
+                   float(kcla_ms) / float(plain_ms)) < 0.01
+        faults = lines[at + 1].split()
+        assert faults[:5] == ['minor', 'page', 'faults', 'per', 'call']
+        assert all(int(f) >= 0 for f in faults[5:]) and len(faults) == 7

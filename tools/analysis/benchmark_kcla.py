@@ -2,7 +2,8 @@
 
 Prints, for one run on this machine, side by side and as ratios:
   (a) ResNet-50-KCLA vs mmdet ResNet-50: training step (forward + backward,
-      batch 4 (--batch), 224x224) and inference (eval, no grad);
+      batch 4 (--batch), 224x224) and inference (eval, no grad), each with
+      both sides' minor page faults per call;
   (b) activation memory of a training step: the distinct storages autograd
       keeps for backward after one forward (batch 8), parameters excluded;
   (c) the fused op vs its PyTorch reference: one layer's feature-map work
@@ -27,6 +28,7 @@ Example:
 import argparse
 import os
 import os.path as osp
+import resource
 import statistics
 import time
 from typing import Callable, Dict, Sequence
@@ -99,6 +101,23 @@ def median_times(fns: Sequence[Callable[[], None]], runs: int, warmup: int,
 def median_time(fn: Callable[[], None], runs: int, warmup: int,
                 device: str) -> float:
     return median_times([fn], runs, warmup, device)[0]
+
+
+def minor_faults() -> int:
+    """Minor page faults of this process so far (all threads)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def counting_faults(fn: Callable[[], None],
+                    counts: list) -> Callable[[], None]:
+    """``fn``, appending the minor page faults of each call to ``counts``
+    (on the CPU, glibc's heap trimming hands memory back to the system and
+    the next step faults it in again; see README)."""
+    def counted():
+        before = minor_faults()
+        fn()
+        counts.append(minor_faults() - before)
+    return counted
 
 
 def saved_activation_bytes(model: nn.Module, x: torch.Tensor) -> int:
@@ -196,9 +215,15 @@ def section_a(args):
 
     for name, make in (('training step (fwd+bwd)', train_step),
                        ('inference (eval, no grad)', infer)):
-        t_plain, t_kcla = median_times([make(plain), make(kcla)], args.runs,
-                                       args.warmup, args.device)
+        faults = ([], [])
+        t_plain, t_kcla = median_times(
+            [counting_faults(make(plain), faults[0]),
+             counting_faults(make(kcla), faults[1])], args.runs, args.warmup,
+            args.device)
         row(name, t_plain * 1e3, t_kcla * 1e3, 'ms')
+        f_plain, f_kcla = (statistics.median(f[args.warmup:]) for f in faults)
+        print(f'  {"  minor page faults per call":<34} {f_plain:>12.0f} '
+              f'{f_kcla:>12.0f}')
 
 
 def section_b(args):
