@@ -4,6 +4,8 @@ no timing is asserted)."""
 import subprocess
 import sys
 
+import pytest
+
 from .helpers import ROOT, load_tool
 
 
@@ -98,3 +100,23 @@ def test_network_section_prints_times_and_page_faults():
         faults = lines[at + 1].split()
         assert faults[:5] == ['minor', 'page', 'faults', 'per', 'call']
         assert all(int(f) >= 0 for f in faults[5:]) and len(faults) == 7
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--sections', 'xyz'], '--sections: letters of "abcde", got \'xyz\''),
+    (['--sections', ''], '--sections: letters of "abcde", got \'\''),
+    (['--runs', '0'], '--runs: must be an int >= 1, got 0'),
+    (['--threads', '0'], '--threads: must be an int >= 1, got 0'),
+    (['--warmup', '-1'], '--warmup: must be an int >= 0, got -1'),
+    (['--batch', '0'], '--batch: must be an int >= 1, got 0'),
+    (['--ea-sizes', '32', '1'], '--ea-sizes: sizes must be >= 2, got [32, 1]'),
+])
+def test_bad_arguments_name_the_option(argv, message, capsys):
+    """A bad option value stops the tool before any section runs (argparse
+    exit status 2), with a message naming the option and the value."""
+    bench = load_tool('benchmark_kcla')
+    with pytest.raises(SystemExit) as exc:
+        bench.parse_args(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+    assert bench.parse_args([]).sections == 'abcde'

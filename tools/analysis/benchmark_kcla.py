@@ -47,6 +47,7 @@ from kcla_mm.ops import kcla_state_update_reference
 from kcla_mm.ops.kcla_branch import GradHandoff, kcla_branch, relu_pool
 
 STAGES_R50 = ((256, 56), (512, 28), (1024, 14), (2048, 7))
+SECTIONS = 'abcde'
 
 
 def parse_args(argv=None):
@@ -54,7 +55,7 @@ def parse_args(argv=None):
     parser.add_argument('--threads', type=int, default=2)
     parser.add_argument('--runs', type=int, default=9)
     parser.add_argument('--warmup', type=int, default=2)
-    parser.add_argument('--sections', default='abcde',
+    parser.add_argument('--sections', default=SECTIONS,
                         help='which sections to run, e.g. "ab"')
     parser.add_argument('--device', default='cpu')
     parser.add_argument(
@@ -70,7 +71,19 @@ def parse_args(argv=None):
     parser.add_argument('--ea-plot',
                         default='work_dirs/benchmark/ea_vs_nonlocal.png',
                         help='(e): where to write the PNG plot')
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for name, least in (('threads', 1), ('runs', 1), ('warmup', 0),
+                        ('batch', 1)):
+        if getattr(args, name) < least:
+            parser.error(f'argument --{name}: must be an int >= {least}, '
+                         f'got {getattr(args, name)}')
+    if not args.sections or set(args.sections) - set(SECTIONS):
+        parser.error(f'argument --sections: letters of "{SECTIONS}", got '
+                     f'{args.sections!r}')
+    if min(args.ea_sizes) < 2:  # (e)'s BNs train on batch 1: > 1 value
+        parser.error('argument --ea-sizes: sizes must be >= 2, got '
+                     f'{args.ea_sizes}')
+    return args
 
 
 def _timed(fn: Callable[[], None], device: str) -> float:
@@ -455,8 +468,8 @@ def main(argv=None):
           f'{torch.get_num_threads()} (pinned), median of {args.runs} runs '
           f'after {args.warmup} warm-up; kcla_mm._ext devices: '
           f'{list(ext_device_types("branch"))}, CPU kernels: {isa}')
-    for key, fn in (('a', section_a), ('b', section_b), ('c', section_c),
-                    ('d', section_d), ('e', section_e)):
+    for key, fn in zip(SECTIONS, (section_a, section_b, section_c,
+                                  section_d, section_e)):
         if key in args.sections:
             fn(args)
 
