@@ -21,7 +21,7 @@ import shutil
 import sys
 import time
 
-from demo_utils import ROOT, latest, run, wheel_tool
+from demo_utils import ROOT, latest, require_at_least, run, wheel_tool
 
 CONFIG = osp.join(ROOT, 'configs', 'demo',
                   'faster-rcnn_r18-kcla_fpn_synthetic-coco.py')
@@ -39,7 +39,9 @@ def parse_args(argv=None):
     parser.add_argument('--config', default=CONFIG)
     parser.add_argument('--max-iters', type=int, default=None,
                         help='training iterations (default: the config\'s)')
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    require_at_least(parser, args, max_iters=1)
+    return args
 
 
 def data_options(data_root: str) -> list:

@@ -1,4 +1,5 @@
 """Helpers shared by the demos (``demo.py``, ``seg_demo.py``)."""
+import argparse
 import glob
 import importlib
 import os.path as osp
@@ -6,6 +7,17 @@ import subprocess
 import sys
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+
+
+def require_at_least(parser: argparse.ArgumentParser,
+                     args: argparse.Namespace, **least: int) -> None:
+    """``parser.error`` (exit status 2) naming the option if any of
+    ``least``'s options is below its least value (None: not given)."""
+    for name, low in least.items():
+        value = getattr(args, name)
+        if value is not None and value < low:
+            parser.error(f'argument --{name.replace("_", "-")}: must be an '
+                         f'int >= {low}, got {value}')
 
 
 def wheel_tool(package: str, name: str) -> str:

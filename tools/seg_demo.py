@@ -27,7 +27,7 @@ import time
 import numpy as np
 from PIL import Image
 
-from demo_utils import ROOT, latest, run, wheel_tool
+from demo_utils import ROOT, latest, require_at_least, run, wheel_tool
 
 CONFIG = osp.join(ROOT, 'configs', 'demo',
                   'res-unet_r18s-kcla_synthetic-isic2018.py')
@@ -49,7 +49,9 @@ def parse_args(argv=None):
                         help="training iterations (default: the config's)")
     parser.add_argument('--num-shown', type=int, default=4,
                         help='test images in predictions.png')
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    require_at_least(parser, args, num_images=1, max_iters=1, num_shown=1)
+    return args
 
 
 def prepare_data(data_root: str, num_images: int) -> None:

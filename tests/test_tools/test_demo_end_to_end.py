@@ -30,3 +30,19 @@ def test_demo_trains_tests_and_reloads_with_same_coco_ap(tmp_path):
     assert summary['checkpoint'].endswith('iter_6.pth')
     assert (work_dir / 'predictions.png').stat().st_size > 0
     assert 'reloaded checkpoint gives the same AP: yes' in result.stdout
+
+
+@pytest.mark.parametrize('value', ['0', '-5'])
+def test_demo_rejects_max_iters_below_one(value, tmp_path):
+    """--max-iters 0 used to run train.py for nothing and then fail looking
+    for its metrics; now argparse names the option before anything runs."""
+    result = subprocess.run(
+        [sys.executable, osp.join(ROOT, 'tools', 'demo.py'), '--work-dir',
+         str(tmp_path / 'work'), '--data-root', str(tmp_path / 'data'),
+         '--max-iters', value],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert f'argument --max-iters: must be an int >= 1, got {value}' in \
+        result.stderr
+    assert not (tmp_path / 'work').exists()
+    assert not (tmp_path / 'data').exists()

@@ -36,3 +36,23 @@ def test_seg_demo_trains_tests_and_draws_predictions(tmp_path):
     with Image.open(work_dir / 'predictions.png') as picture:
         assert picture.size == (3 * 128, 2 * 128)
     assert 'Lesion segmentation metrics' in result.stdout
+
+
+@pytest.mark.parametrize('option, value', [('--num-images', '0'),
+                                           ('--max-iters', '0'),
+                                           ('--num-shown', '0'),
+                                           ('--num-shown', '-1')])
+def test_seg_demo_rejects_counts_below_one(option, value, tmp_path):
+    """Counts below one stop the demo before it generates data or trains
+    (--num-shown 0 used to fail after training, and -1 to show all test
+    images but the last)."""
+    result = subprocess.run(
+        [sys.executable, osp.join(ROOT, 'tools', 'seg_demo.py'),
+         '--work-dir', str(tmp_path / 'work'), '--data-root',
+         str(tmp_path / 'data'), option, value],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert f'argument {option}: must be an int >= 1, got {value}' in \
+        result.stderr
+    assert not (tmp_path / 'work').exists()
+    assert not (tmp_path / 'data').exists()
