@@ -19,6 +19,22 @@ def load_tool(name, folder='analysis'):
     return module
 
 
+def assert_demo_rejects(tool: str, option: str, value: str, tmp_path) -> None:
+    """``tools/<tool>`` given ``option value`` (a count below one) stops
+    with argparse's exit status 2 and a message naming the option, before
+    it creates its work directory or data root."""
+    result = subprocess.run(
+        [sys.executable, osp.join(ROOT, 'tools', tool), '--work-dir',
+         str(tmp_path / 'work'), '--data-root', str(tmp_path / 'data'),
+         option, value],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert f'argument {option}: must be an int >= 1, got {value}' in \
+        result.stderr
+    assert not (tmp_path / 'work').exists()
+    assert not (tmp_path / 'data').exists()
+
+
 def make_synthetic_coco(root, num_train: int, num_val: int) -> str:
     """Generate the synthetic COCO dataset under ``root``; returns 'root/'."""
     subprocess.run([

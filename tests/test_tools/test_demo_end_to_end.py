@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+from .helpers import ROOT, assert_demo_rejects
 
 
 @pytest.mark.slow
@@ -36,13 +36,4 @@ def test_demo_trains_tests_and_reloads_with_same_coco_ap(tmp_path):
 def test_demo_rejects_max_iters_below_one(value, tmp_path):
     """--max-iters 0 used to run train.py for nothing and then fail looking
     for its metrics; now argparse names the option before anything runs."""
-    result = subprocess.run(
-        [sys.executable, osp.join(ROOT, 'tools', 'demo.py'), '--work-dir',
-         str(tmp_path / 'work'), '--data-root', str(tmp_path / 'data'),
-         '--max-iters', value],
-        cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2
-    assert f'argument --max-iters: must be an int >= 1, got {value}' in \
-        result.stderr
-    assert not (tmp_path / 'work').exists()
-    assert not (tmp_path / 'data').exists()
+    assert_demo_rejects('demo.py', '--max-iters', value, tmp_path)

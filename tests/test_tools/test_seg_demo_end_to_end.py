@@ -7,7 +7,7 @@ import sys
 import pytest
 from PIL import Image
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+from .helpers import ROOT, assert_demo_rejects
 
 
 @pytest.mark.slow
@@ -46,13 +46,4 @@ def test_seg_demo_rejects_counts_below_one(option, value, tmp_path):
     """Counts below one stop the demo before it generates data or trains
     (--num-shown 0 used to fail after training, and -1 to show all test
     images but the last)."""
-    result = subprocess.run(
-        [sys.executable, osp.join(ROOT, 'tools', 'seg_demo.py'),
-         '--work-dir', str(tmp_path / 'work'), '--data-root',
-         str(tmp_path / 'data'), option, value],
-        cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2
-    assert f'argument {option}: must be an int >= 1, got {value}' in \
-        result.stderr
-    assert not (tmp_path / 'work').exists()
-    assert not (tmp_path / 'data').exists()
+    assert_demo_rejects('seg_demo.py', option, value, tmp_path)
