@@ -3,24 +3,76 @@
 The same network (ResNet-50 layout at base width 16) runs once with
 ``kcla_impl='fused'`` (the extension's kernels) and once with
 ``kcla_impl='torch'`` (plain PyTorch ops), from the same weights and, in
-training, the same drop-path draws (same seed, same device). The CUDA cases
-need a GPU and an extension built with CUDA. This file imports no mmdet, so
-it also runs where mmcv has no compiled ops (mmdet.models needs them).
+training, the same drop-path draws (same seed, same device). Three paths:
+the CPU's (one-call kernels of the extension's 'layer' group), the CPU
+taking a GPU's dispatch (that group hidden: the branch one kernel per pass,
+the heads and adapters in torch), and a GPU's (needs a GPU and an extension
+built with CUDA). This file imports no mmdet, so it also runs where mmcv
+has no compiled ops (mmdet.models needs them).
 """
+import collections
+
 import pytest
 import torch
 
+import kcla_mm.ops.kcla_branch as kcla_branch_mod
 from kcla_mm.models import ResNetKCLA
-from kcla_mm.ops import has_device_impl
+from kcla_mm.ops import get_ext, has_device_impl
 
 CUDA = pytest.param('cuda', marks=pytest.mark.skipif(
     not (torch.cuda.is_available() and has_device_impl('cuda', 'branch')),
     reason='needs a GPU and kcla_mm._ext built with the CUDA branch kernels'))
-DEVICES = ['cpu', CUDA]
+PATHS = ['cpu', 'cpu_gpu_dispatch', CUDA]
+
+# the extension's 'layer' group, which CUDA lacks (pybind.cpp)
+LAYER_OPS = ('kcla_branch_train_forward', 'kcla_branch_train_backward',
+             'kcla_layer_inference', 'kcla_heads_forward',
+             'kcla_heads_backward', 'kcla_adapter_inference')
+# the per-kernel ops each path must run instead
+GPU_DISPATCH_OPS = {
+    'inference': {'kcla_relu_pool_forward', 'kcla_branch_forward'},
+    'training': {'kcla_relu_pool_forward', 'kcla_relu_pool_backward',
+                 'kcla_branch_stats', 'kcla_branch_apply',
+                 'kcla_branch_bn_sums', 'kcla_branch_backward'},
+}
 
 # Float32 round-off grows over the 16 blocks (each op agrees to 1e-5,
 # tests/test_ops); on an H200 the stage outputs differed by up to 2.2e-5
 INFERENCE_TOL = {'cpu': 1e-5, 'cuda': 1e-4}
+
+
+def take_path(path, monkeypatch):
+    """The device of ``path``, and for 'cpu_gpu_dispatch' a counter of the
+    extension's calls after hiding its 'layer' group (a call of one of its
+    ops fails the test); else None."""
+    if path != 'cpu_gpu_dispatch':
+        return path, None
+    real = kcla_branch_mod.has_device_impl
+
+    def without_layer_group(device_type, group='state'):
+        return group != 'layer' and real(device_type, group)
+
+    monkeypatch.setattr(kcla_branch_mod, 'has_device_impl',
+                        without_layer_group)
+    ext, calls = get_ext(), collections.Counter()
+
+    def refused(name):
+        def call(*args):
+            raise AssertionError(f'{name} ran, but the GPU dispatch has no '
+                                 "'layer' group")
+        return call
+
+    def counted(name, fn):
+        def call(*args):
+            calls[name] += 1
+            return fn(*args)
+        return call
+
+    for name in LAYER_OPS:
+        monkeypatch.setattr(ext, name, refused(name))
+    for name in set().union(*GPU_DISPATCH_OPS.values()):
+        monkeypatch.setattr(ext, name, counted(name, getattr(ext, name)))
+    return 'cpu', calls
 
 
 def fused_and_torch(device):
@@ -41,22 +93,28 @@ def train_step(model, x):
             + list(model.buffers()))
 
 
-@pytest.mark.parametrize('device', DEVICES)
-def test_inference_matches_torch_path(device):
+@pytest.mark.parametrize('path', PATHS)
+def test_inference_matches_torch_path(path, monkeypatch):
+    device, calls = take_path(path, monkeypatch)
     fused, ref = fused_and_torch(device)
     x = torch.rand(2, 3, 64, 64, device=device)
     tol = INFERENCE_TOL[device]
     with torch.no_grad():  # inference kernels (BN folded, state in place)
         for a, b in zip(fused.eval()(x), ref.eval()(x)):
             torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+    if calls is not None:
+        assert set(calls) == GPU_DISPATCH_OPS['inference']
 
 
-@pytest.mark.parametrize('device', DEVICES)
-def test_training_matches_torch_path_float64(device):
+@pytest.mark.parametrize('path', PATHS)
+def test_training_matches_torch_path_float64(path, monkeypatch):
     # training kernels, drop-path, BN batch statistics; in float64, since
     # train-mode BNs over stage 4's 8 values per channel amplify float32
     # round-off
+    device, calls = take_path(path, monkeypatch)
     fused, ref = (m.double() for m in fused_and_torch(device))
     x = torch.rand(2, 3, 64, 64, device=device, dtype=torch.float64)
     for a, b in zip(train_step(fused, x), train_step(ref, x)):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+    if calls is not None:
+        assert set(calls) == GPU_DISPATCH_OPS['training']
