@@ -7,10 +7,11 @@ mmdet's ``ResNet`` so its checkpoints load unchanged.
 from typing import List, Optional
 
 import torch.nn as nn
-import torch.utils.checkpoint as cp
 from mmcv.cnn import build_conv_layer, build_norm_layer, build_plugin_layer
 from mmengine.model import BaseModule, Sequential
 from torch import Tensor
+
+from ..layers.utils import checkpoint_keeping_stats
 
 PLUGIN_POSITIONS = ('after_conv1', 'after_conv2', 'after_conv3')
 
@@ -106,8 +107,7 @@ class BasicBlock(BaseModule):
             return out + identity
 
         if self.with_cp and x.requires_grad:
-            out = cp.checkpoint(_inner_forward, x, identity,
-                                use_reentrant=False)
+            out = checkpoint_keeping_stats(_inner_forward, self, x, identity)
         else:
             out = _inner_forward(x, identity)
         return self.relu(out)
@@ -266,8 +266,7 @@ class Bottleneck(BaseModule):
             return out + identity
 
         if self.with_cp and x.requires_grad:
-            out = cp.checkpoint(_inner_forward, x, identity,
-                                use_reentrant=False)
+            out = checkpoint_keeping_stats(_inner_forward, self, x, identity)
         else:
             out = _inner_forward(x, identity)
         return self.relu(out)

@@ -3,7 +3,6 @@ import warnings
 from typing import List, Optional, Sequence, Tuple
 
 import torch.nn as nn
-import torch.utils.checkpoint as cp
 from mmcv.cnn import build_conv_layer, build_norm_layer
 from mmengine.model import BaseModule
 from torch import Tensor
@@ -13,7 +12,8 @@ from kcla_mm.ops.kcla_state import IMPLS
 from ..layers import KCLALayer, LayerAttention, MRLALight
 from ..layers.utils import (check_layer_cfg, check_positive_float,
                             check_positive_int, check_probability,
-                            check_temperature_range)
+                            check_temperature_range,
+                            checkpoint_keeping_stats)
 from .resnet_blocks import BasicBlock, Bottleneck, make_res_layer
 
 LAYER_ATTENTIONS = ('KCLA', 'LA', 'MRLA-light')
@@ -81,7 +81,9 @@ class ResNetKCLA(BaseModule):
         stage_with_dcn (Sequence[bool]): stages using ``dcn``.
         plugins (list[dict], optional): mmdet-style block plugins.
         with_cp (bool): gradient checkpointing of blocks and attention
-            layers. Defaults to False.
+            layers; the recomputation in backward leaves the BatchNorms'
+            running statistics alone (mmdet's ResNet updates them a second
+            time). Defaults to False.
         zero_init_residual (bool): zero-init each block's last norm.
             Defaults to True.
         layer_attention (str, optional): ``'KCLA'``, ``'LA'``,
@@ -497,7 +499,7 @@ class ResNetKCLA(BaseModule):
                 identity: Optional[Tensor]):
         args = (x, state, identity) if identity is not None else (x, state)
         if self.with_cp and x.requires_grad:
-            return cp.checkpoint(attn, *args, use_reentrant=False)
+            return checkpoint_keeping_stats(attn, attn, *args)
         return attn(*args)
 
     def _fuses_tail(self, attn: Optional[nn.Module]) -> bool:

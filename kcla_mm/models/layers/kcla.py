@@ -4,18 +4,15 @@ Every residual block's output X attends to all earlier block outputs of the
 network through a recurrent state (U, Z) (:class:`KCLAState`), so the cost
 per block is independent of depth.
 """
-import contextlib
 from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
 from mmcv.cnn.bricks.drop import DropPath
 from mmengine.model import BaseModule
 from torch import Tensor
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from kcla_mm.ops import kcla_state_update
 from kcla_mm.ops.kcla_adapter import kcla_adapter_inference
@@ -32,8 +29,8 @@ from .state import KCLAState
 from .utils import (autocast_off, check_bool, check_feature, check_head_dim,
                     check_layer_cfg, check_positive_float,
                     check_positive_int, check_probability,
-                    check_temperature_range, log_uniform_temperatures,
-                    spatial_check, state_dtype)
+                    check_temperature_range, checkpoint_keeping_stats,
+                    log_uniform_temperatures, spatial_check, state_dtype)
 
 # exp(min(|K| * s, MAX_LOG_WEIGHT)): the authors' clamp of the layer weights.
 MAX_LOG_WEIGHT = 10.0
@@ -56,23 +53,6 @@ def grouped_pointwise(x: Tensor, conv: nn.Conv2d) -> Tensor:
     weight = conv.weight.to(x.dtype).view(g, -1, c_in // g)
     out = torch.matmul(weight, x.reshape(b, g, c_in // g, h * w))
     return out.view(b, -1, h, w)
-
-
-@contextlib.contextmanager
-def running_stats_kept(module: nn.Module):
-    """Restore the BatchNorm running statistics of ``module`` on exit (a
-    forward recomputed in backward must not update them twice)."""
-    norms = [m for m in module.modules()
-             if isinstance(m, _BatchNorm) and m.track_running_stats]
-    saved = [(m.running_mean.clone(), m.running_var.clone(),
-              m.num_batches_tracked.clone()) for m in norms]
-    try:
-        yield
-    finally:
-        for m, (mean, var, count) in zip(norms, saved):
-            m.running_mean.copy_(mean)
-            m.running_var.copy_(var)
-            m.num_batches_tracked.copy_(count)
 
 
 class KCLAStateAdapter(BaseModule):
@@ -445,14 +425,9 @@ class KCLALayer(BaseModule):
             spatial_check(u.shape[2:], size, type(self).__name__,
                           'check the stage stride (state_stride)')
             return u, z
-        calls = []
 
         def adapt(u: Tensor, z: Tensor) -> Tuple[Tensor, Tensor]:
-            kept = running_stats_kept(self.adapter) if calls else \
-                contextlib.nullcontext()
-            calls.append(True)
-            with kept:
-                a, key = self.adapter(KCLAState(u, z), self.num_heads, size)
+            a, key = self.adapter(KCLAState(u, z), self.num_heads, size)
             spatial_check(a.shape[2:], size, type(self).__name__,
                           'check the stage stride (state_stride)')
             z = layer_weights(key, self.norm_d)
@@ -462,7 +437,8 @@ class KCLALayer(BaseModule):
             return u, z
 
         if torch.is_grad_enabled() and not torch.jit.is_tracing():
-            return cp.checkpoint(adapt, state.u, state.z, use_reentrant=False)
+            return checkpoint_keeping_stats(adapt, self.adapter, state.u,
+                                            state.z)
         return adapt(state.u, state.z)
 
     def _use_fused_branch(self, x: Tensor) -> bool:

@@ -1,13 +1,16 @@
-"""Argument checks and dtype helpers shared by the layer-attention
-modules."""
+"""Argument checks, dtype helpers and gradient checkpointing shared by the
+layer-attention modules and the backbone."""
 import contextlib
 import inspect
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
+import torch.nn as nn
+import torch.utils.checkpoint as cp
 from mmengine.registry import MODELS
 from torch import Tensor
+from torch.nn.modules.batchnorm import _BatchNorm
 
 
 def state_dtype(x: Tensor) -> torch.dtype:
@@ -143,3 +146,43 @@ def spatial_check(state_hw: tuple, x_hw: tuple, owner: str,
         raise ValueError(f'{owner}: the incoming state is {tuple(state_hw)} '
                          f'but the input is {tuple(x_hw)}' +
                          (f'; {hint}' if hint else ''))
+
+
+@contextlib.contextmanager
+def running_stats_kept(module: nn.Module):
+    """Undo on exit the running-statistics updates that ``module``'s
+    BatchNorms make inside the context. A BatchNorm counts each update in
+    ``num_batches_tracked`` (torch's and kcla_mm's own fused ops alike);
+    those that did not update are left untouched, so that the tensors
+    autograd saved from them stay valid."""
+    norms = [m for m in module.modules()
+             if isinstance(m, _BatchNorm) and m.track_running_stats]
+    saved = [(m.num_batches_tracked._version, m.running_mean.clone(),
+              m.running_var.clone(), m.num_batches_tracked.clone())
+             for m in norms]
+    try:
+        yield
+    finally:
+        for m, (version, mean, var, count) in zip(norms, saved):
+            if m.num_batches_tracked._version != version:
+                m.running_mean.copy_(mean)
+                m.running_var.copy_(var)
+                m.num_batches_tracked.copy_(count)
+
+
+def checkpoint_keeping_stats(fn: Callable, module: nn.Module, *args):
+    """``fn(*args)`` under ``torch.utils.checkpoint`` (non-reentrant), whose
+    recomputation in backward leaves the running statistics of ``module``'s
+    BatchNorms as the forward left them: torch's checkpoint alone updates
+    them twice per step (pytorch/pytorch#96136), so that with_cp would
+    change what a model learns."""
+    calls = []
+
+    def run(*inputs):
+        kept = running_stats_kept(module) if calls else \
+            contextlib.nullcontext()
+        calls.append(True)
+        with kept:
+            return fn(*inputs)
+
+    return cp.checkpoint(run, *args, use_reentrant=False)
