@@ -69,6 +69,12 @@ def test_gradients_reach_every_parameter(impl):
     missing = [n for n, p in neck.named_parameters() if p.grad is None]
     assert not missing, missing
     assert all(torch.isfinite(p.grad).all() for p in neck.parameters())
+    # one training batch per BN: the resizing adapters, recomputed in
+    # backward, count theirs once
+    counts = {n: int(m.num_batches_tracked) for n, m in neck.named_modules()
+              if isinstance(m, torch.nn.BatchNorm2d)}
+    assert any('adapter' in n for n in counts)
+    assert set(counts.values()) == {1}, counts
 
 
 @pytest.mark.parametrize('kwargs, error, message', [
