@@ -16,6 +16,18 @@ from ..layers.utils import checkpoint_keeping_stats
 PLUGIN_POSITIONS = ('after_conv1', 'after_conv2', 'after_conv3')
 
 
+def shortcut(block: nn.Module, x: Tensor,
+             identity: Optional[Tensor]) -> Tensor:
+    """``block``'s shortcut of ``x``: ``identity`` if the caller computed it,
+    else ``block.downsample(x)`` or ``x``. The blocks take it after their
+    residual branch, as mmdet's do: taken first, torch.compile (inductor,
+    torch 2.13) fails in backward once it makes the spatial sizes dynamic
+    ("Cannot convert expression to float")."""
+    if identity is not None:
+        return identity
+    return x if block.downsample is None else block.downsample(x)
+
+
 class BasicBlock(BaseModule):
     """3x3 + 3x3 residual block (ResNet-18/34); output channels = planes."""
     expansion = 1
@@ -87,14 +99,11 @@ class BasicBlock(BaseModule):
         too, which that layer applies."""
 
         def _branches(x, identity):
-            if identity is None:
-                identity = x if self.downsample is None else \
-                    self.downsample(x)
             out = self.relu(self.norm1(self.conv1(x)))
             out = self.conv2(out)
             if not defer_last_norm:
                 out = self.norm2(out)
-            return out, identity
+            return out, shortcut(self, x, identity)
 
         if defer_last_norm and not fuse_tail:
             raise ValueError('defer_last_norm=True needs fuse_tail=True: '
@@ -242,9 +251,6 @@ class Bottleneck(BaseModule):
         too, which that layer applies (not with after_conv3 plugins)."""
 
         def _branches(x, identity):
-            if identity is None:
-                identity = x if self.downsample is None else \
-                    self.downsample(x)
             out = self.relu(self.norm1(self.conv1(x)))
             out = self._plugins(out, 'after_conv1')
             out = self.relu(self.norm2(self.conv2(out)))
@@ -252,7 +258,7 @@ class Bottleneck(BaseModule):
             out = self.conv3(out)
             if not defer_last_norm:
                 out = self._plugins(self.norm3(out), 'after_conv3')
-            return out, identity
+            return out, shortcut(self, x, identity)
 
         if defer_last_norm and not (fuse_tail and self.defers_last_norm):
             raise ValueError(
