@@ -5,7 +5,7 @@ Dynamo cannot trace the extension's calls and breaks the graph around
 them; inductor compiles the rest (the blocks, the torch glue), and after a
 few recompilations it makes the stages' spatial sizes dynamic, where
 torch 2.13's inductor failed on the blocks' backward while they took their
-shortcut before their residual branch (resnet_blocks.shortcut).
+shortcut before their residual branch (resnet_blocks.block_shortcut).
 """
 import pytest
 import torch
@@ -13,15 +13,7 @@ import torch._inductor.config as inductor_config
 
 from kcla_mm.models import ResNetKCLA
 
-
-def train_step(model, forward, x):
-    """Outputs, parameter gradients and buffers after one training step."""
-    model.train()
-    torch.manual_seed(1)  # the same drop-path draws
-    outs = forward(x)
-    sum((o * o).mean() for o in outs).backward()
-    return ([o.detach() for o in outs] + [p.grad for p in model.parameters()]
-            + list(model.buffers()))
+from .test_resnet_kcla_impls import train_step
 
 
 @pytest.mark.slow
@@ -38,10 +30,10 @@ def test_compiled_resnet50_kcla_matches_eager(tmp_path, monkeypatch):
     x = torch.rand(2, 3, 64, 64, dtype=torch.float64)
     # inductor draws its own random numbers unless told to use eager's
     with inductor_config.patch(fallback_random=True):
-        ours = train_step(compiled, forward, x)
+        ours = train_step(compiled, x, forward)
         with torch.no_grad():
             ours_eval = forward.eval()(x)
-    ref = train_step(eager, eager, x)
+    ref = train_step(eager, x)
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
     with torch.no_grad():  # the one-call inference ops

@@ -83,11 +83,12 @@ def fused_and_torch(device):
     return [m.to(device) for m in models]
 
 
-def train_step(model, x):
-    """Outputs, parameter gradients and buffers after one training step."""
+def train_step(model, x, forward=None):
+    """Outputs, parameter gradients and buffers after one training step
+    (``forward``: ``model`` compiled, say; default ``model`` itself)."""
     model.train()
     torch.manual_seed(1)  # the same drop-path draws for both paths
-    outs = model(x)
+    outs = (model if forward is None else forward)(x)
     sum((o * o).mean() for o in outs).backward()
     return ([o.detach() for o in outs] + [p.grad for p in model.parameters()]
             + list(model.buffers()))

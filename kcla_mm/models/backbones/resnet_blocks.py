@@ -16,8 +16,8 @@ from ..layers.utils import checkpoint_keeping_stats
 PLUGIN_POSITIONS = ('after_conv1', 'after_conv2', 'after_conv3')
 
 
-def shortcut(block: nn.Module, x: Tensor,
-             identity: Optional[Tensor]) -> Tensor:
+def block_shortcut(block: nn.Module, x: Tensor,
+                   identity: Optional[Tensor]) -> Tensor:
     """``block``'s shortcut of ``x``: ``identity`` if the caller computed it,
     else ``block.downsample(x)`` or ``x``. The blocks take it after their
     residual branch, as mmdet's do: taken first, torch.compile (inductor,
@@ -103,7 +103,7 @@ class BasicBlock(BaseModule):
             out = self.conv2(out)
             if not defer_last_norm:
                 out = self.norm2(out)
-            return out, shortcut(self, x, identity)
+            return out, block_shortcut(self, x, identity)
 
         if defer_last_norm and not fuse_tail:
             raise ValueError('defer_last_norm=True needs fuse_tail=True: '
@@ -258,7 +258,7 @@ class Bottleneck(BaseModule):
             out = self.conv3(out)
             if not defer_last_norm:
                 out = self._plugins(self.norm3(out), 'after_conv3')
-            return out, shortcut(self, x, identity)
+            return out, block_shortcut(self, x, identity)
 
         if defer_last_norm and not (fuse_tail and self.defers_last_norm):
             raise ValueError(

@@ -14,7 +14,8 @@ from ..layers.utils import (check_layer_cfg, check_positive_float,
                             check_positive_int, check_probability,
                             check_temperature_range,
                             checkpoint_keeping_stats)
-from .resnet_blocks import BasicBlock, Bottleneck, make_res_layer
+from .resnet_blocks import (BasicBlock, Bottleneck, block_shortcut,
+                            make_res_layer)
 
 LAYER_ATTENTIONS = ('KCLA', 'LA', 'MRLA-light')
 DEFAULT_HEAD_DIMS = {'KCLA': 64, 'LA': 64, 'MRLA-light': 32}
@@ -528,8 +529,7 @@ class ResNetKCLA(BaseModule):
                 identity = None
                 if getattr(attn, 'needs_identity', False):  # MRLA-light
                     # computed once, shared by the block and the attention
-                    identity = x if block.downsample is None else \
-                        block.downsample(x)
+                    identity = block_shortcut(block, x, None)
                 if self._fuses_tail(attn):
                     # the layer applies the block's last norm, or folds it
                     # into its one-call inference op
