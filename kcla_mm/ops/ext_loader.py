@@ -9,6 +9,8 @@ from functools import lru_cache
 from types import ModuleType
 from typing import Iterable, Optional, Tuple
 
+import torch
+
 EXT_NAME = 'kcla_mm._ext'
 EXT_FUNCS = ('device_types', 'kcla_state_forward', 'kcla_state_backward',
              'kcla_relu_pool_forward', 'kcla_relu_pool_backward',
@@ -70,6 +72,16 @@ def _device_types(ext: ModuleType, group: str) -> Tuple[str, ...]:
     """``ext.device_types(group)``, asked once per loaded extension (the
     fused ops ask it on every call)."""
     return tuple(ext.device_types(group))
+
+
+def recording_graph() -> bool:
+    """Whether torch.jit traces or torch.export exports the running code.
+
+    KCLA then runs its PyTorch ops: FLOP counts and exported graphs see the
+    spec's ops, and torch.export cannot run the extension's calls on its
+    fake tensors.
+    """
+    return torch.jit.is_tracing() or torch.compiler.is_exporting()
 
 
 def has_device_impl(device_type: str, group: str = 'state') -> bool:

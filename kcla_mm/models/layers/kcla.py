@@ -15,6 +15,7 @@ from mmengine.model import BaseModule
 from torch import Tensor
 
 from kcla_mm.ops import kcla_state_update
+from kcla_mm.ops.ext_loader import recording_graph
 from kcla_mm.ops.kcla_adapter import kcla_adapter_inference
 from kcla_mm.ops.kcla_branch import (GradHandoff, StateTape,
                                      branch_supported, foldable_bn, kcla_branch,
@@ -138,10 +139,10 @@ class KCLAStateAdapter(BaseModule):
 
     def folds(self) -> bool:
         """Whether :meth:`folded_state` applies: a BatchNorm2d with affine
-        parameters (batch or running statistics), no resize; not while
-        torch.jit traces (FLOP counts and exports see the spec's ops)."""
+        parameters (batch or running statistics), no resize; not while a
+        graph is recorded (:func:`recording_graph`)."""
         return (not self.resize and plain_affine_bn(self.norm)
-                and not torch.jit.is_tracing())
+                and not recording_graph())
 
     def folded_state(self, state: KCLAState, num_heads: int,
                      norm_d: Tensor,
@@ -421,7 +422,7 @@ class KCLALayer(BaseModule):
         if self.adapter.folds():
             u, z = self.adapter.folded_state(state, self.num_heads,
                                              self.norm_d,
-                                             self.impl != 'torch')
+                                             self._impl() != 'torch')
             spatial_check(u.shape[2:], size, type(self).__name__,
                           'check the stage stride (state_stride)')
             return u, z
@@ -436,16 +437,21 @@ class KCLALayer(BaseModule):
                  z.view(b, self.num_heads, 1, 1, 1)).view(b, c, h, w)
             return u, z
 
-        if torch.is_grad_enabled() and not torch.jit.is_tracing():
+        if torch.is_grad_enabled() and not recording_graph():
             return checkpoint_keeping_stats(adapt, self.adapter, state.u,
                                             state.z)
         return adapt(state.u, state.z)
 
+    def _impl(self) -> str:
+        """:attr:`impl`, or ``'torch'`` while a graph is recorded (torch.jit
+        traces or torch.export exports, e.g. FLOP counting or export: see
+        :func:`recording_graph`)."""
+        return 'torch' if recording_graph() else self.impl
+
     def _use_fused_branch(self, x: Tensor) -> bool:
-        """Fused kernels for steps 4-8 (float32 BN layers, extension built;
-        not while torch.jit traces, e.g. FLOP counting or export: the
-        tracer cannot record the extension calls)."""
-        return (self.impl != 'torch' and not torch.jit.is_tracing()
+        """Fused kernels for steps 4-8 (float32 BN layers, extension built,
+        no graph recorded)."""
+        return (self._impl() != 'torch'
                 and x.dtype in (torch.float32, torch.float64)
                 and branch_supported(x, self.norm))
 
@@ -617,7 +623,7 @@ class KCLALayer(BaseModule):
                                                     x_handoff)
                 return out.to(x.dtype), new_state
             u, agg = kcla_state_update(
-                x.to(dtype), weight, z, u, eps=self.eps, impl=self.impl)
+                x.to(dtype), weight, z, u, eps=self.eps, impl=self._impl())
         out = self.v_conv(agg.to(x.dtype))
         # gate in float32: its gradient sums over d * H * W products, which
         # overflows float16 (and sigmoid'(saturated) * inf = NaN)
