@@ -1,10 +1,14 @@
-"""Every shipped detection config builds its detector by name."""
+"""Every shipped detection config builds its detector by name; mmcv's
+fuse_conv_bn keeps what it computes."""
 import glob
 import os.path as osp
 
 import pytest
 import torch
 from mmengine.config import Config
+
+from ..test_models.test_fuse_conv_bn import (assert_fusion_keeps_outputs,
+                                             randomise_bn)
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 CONFIGS = sorted(
@@ -52,3 +56,7 @@ def test_config_builds_detector(path):
         feats = model.extract_feat(torch.rand(1, 3, 64, 64))
     assert len(feats) == 5 and all(f.shape[1] == cfg.model.neck.out_channels
                                    for f in feats)
+    x = torch.rand(1, 3, 64, 64)
+    assert_fusion_keeps_outputs(randomise_bn(model),
+                                lambda m: m.extract_feat(x),
+                                rtol=1e-3, atol=1e-5)

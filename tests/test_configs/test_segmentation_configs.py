@@ -1,10 +1,14 @@
-"""Every shipped segmentation config builds its segmentor by name."""
+"""Every shipped segmentation config builds its segmentor by name; mmcv's
+fuse_conv_bn keeps what it computes."""
 import glob
 import os.path as osp
 
 import pytest
 import torch
 from mmengine.config import Config
+
+from ..test_models.test_fuse_conv_bn import (assert_fusion_keeps_outputs,
+                                             randomise_bn)
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 CONFIGS = sorted(
@@ -72,3 +76,7 @@ def test_config_builds_segmentor(path):
     with torch.no_grad():
         logits = model._forward(torch.rand(1, 3, 64, 64))
     assert logits.shape == (1, 2, 64, 64)
+    x = torch.rand(1, 3, 64, 64)
+    assert_fusion_keeps_outputs(randomise_bn(model),
+                                lambda m: [m._forward(x)],
+                                rtol=1e-3, atol=1e-5)

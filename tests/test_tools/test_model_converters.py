@@ -483,10 +483,10 @@ def test_resnet_to_kcla_loads_and_reports(torchvision_r50, tmp_path, capsys):
     # 16 KCLA layers, 0.293M parameters (the spec's 0.302M less the first
     # layer's adapter, which the authors build but never run)
     assert 'new: 165 tensors in 16 KCLA modules (0.293M parameters' in out
-    assert ('  layer1_attn.0 (9 tensors): q_conv, k_conv, v_conv, gate, bn\n'
+    assert ('  layer1_attn.0 (9 tensors): bn, q_conv, k_conv, v_conv, gate\n'
             in out)
-    assert ('  layer2_attn.0 (16 tensors): q_conv, k_conv, v_conv, gate, bn, '
-            'adapter.conv, adapter.bn, adapter.k_conv\n') in out
+    assert ('  layer2_attn.0 (16 tensors): bn, q_conv, k_conv, v_conv, gate, '
+            'adapter.bn, adapter.conv, adapter.k_conv\n') in out
     assert 'unused: 2 tensors\n  fc.bias\n  fc.weight' in out
     assert 'kept at 0: 53 BN num_batches_tracked' in out
     checkpoint = torch.load(dst, weights_only=True)

@@ -9,7 +9,6 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from mmcv.cnn import build_norm_layer
 from mmcv.cnn.bricks.drop import DropPath
 from mmengine.model import BaseModule
 from torch import Tensor
@@ -27,11 +26,12 @@ from kcla_mm.ops.kcla_heads import as_operand, kcla_heads
 from kcla_mm.ops.kcla_state import IMPLS
 from .eca import build_eca_conv, eca_project, eca_project_pair
 from .state import KCLAState
-from .utils import (autocast_off, check_bool, check_feature, check_head_dim,
-                    check_layer_cfg, check_positive_float,
-                    check_positive_int, check_probability,
-                    check_temperature_range, checkpoint_keeping_stats,
-                    log_uniform_temperatures, spatial_check, state_dtype)
+from .utils import (add_norm_before_convs, autocast_off, check_bool,
+                    check_feature, check_head_dim, check_layer_cfg,
+                    check_positive_float, check_positive_int,
+                    check_probability, check_temperature_range,
+                    checkpoint_keeping_stats, log_uniform_temperatures,
+                    spatial_check, state_dtype)
 
 # exp(min(|K| * s, MAX_LOG_WEIGHT)): the authors' clamp of the layer weights.
 MAX_LOG_WEIGHT = 10.0
@@ -98,6 +98,7 @@ class KCLAStateAdapter(BaseModule):
         self.out_channels = out_channels
         self.stride = stride
         self.resize = resize
+        self.norm_name = add_norm_before_convs(self, norm_cfg, out_channels)
         if in_channels != out_channels or stride != 1:
             self.conv = nn.Conv2d(
                 in_channels,
@@ -108,8 +109,6 @@ class KCLAStateAdapter(BaseModule):
                 bias=False)
         else:
             self.conv = None
-        self.norm_name, norm = build_norm_layer(norm_cfg, out_channels)
-        self.add_module(self.norm_name, norm)
         self.k_conv = build_eca_conv(out_channels)
 
     def forward(self, state: KCLAState, num_heads: int,
@@ -353,13 +352,12 @@ class KCLALayer(BaseModule):
             'norm_d',
             1.0 / log_uniform_temperatures(self.num_heads, temperature_range),
             persistent=False)
+        self.norm_name = add_norm_before_convs(self, norm_cfg, channels)
         self.q_conv = build_eca_conv(channels)
         self.k_conv = build_eca_conv(channels)
         self.v_conv = nn.Conv2d(
             channels, channels, 3, padding=1, groups=channels, bias=False)
         self.gate = nn.Linear(self.num_heads, self.num_heads, bias=False)
-        self.norm_name, norm = build_norm_layer(norm_cfg, channels)
-        self.add_module(self.norm_name, norm)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.invert_state = False
         self.adapter = None

@@ -10,14 +10,13 @@ from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
-from mmcv.cnn import build_norm_layer
 from mmcv.cnn.bricks.drop import DropPath
 from mmengine.model import BaseModule
 from torch import Tensor
 
 from .eca import build_eca_conv, eca_project
-from .utils import (check_feature, check_head_dim, check_probability,
-                    state_dtype)
+from .utils import (add_norm_before_convs, check_feature, check_head_dim,
+                    check_probability, state_dtype)
 
 
 class MRLALight(BaseModule):
@@ -56,13 +55,12 @@ class MRLALight(BaseModule):
         self.num_heads = check_head_dim(channels, head_dim, owner)
         check_probability(drop_path, 'drop_path', owner)
         self.scale = 1.0 / math.sqrt(head_dim)
+        self.norm_name = add_norm_before_convs(self, norm_cfg, channels)
         self.q_conv = build_eca_conv(channels)
         self.k_conv = build_eca_conv(channels)
         self.v_conv = nn.Conv2d(
             channels, channels, 3, padding=1, groups=channels, bias=False)
         self.lambda_t = nn.Parameter(torch.ones(channels, 1, 1))
-        self.norm_name, norm = build_norm_layer(norm_cfg, channels)
-        self.add_module(self.norm_name, norm)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self,

@@ -8,6 +8,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn as nn
 import torch.utils.checkpoint as cp
+from mmcv.cnn import build_norm_layer
 from mmengine.registry import MODELS
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -16,6 +17,20 @@ from torch.nn.modules.batchnorm import _BatchNorm
 def state_dtype(x: Tensor) -> torch.dtype:
     """float64 for float64 inputs, else float32 (also under autocast)."""
     return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def add_norm_before_convs(module: nn.Module, norm_cfg: dict,
+                          channels: int) -> str:
+    """Build ``norm_cfg`` for ``channels``, register it on ``module`` and
+    return its name. Called before the module registers its convs: mmcv's
+    ``fuse_conv_bn`` (mmdet's benchmark ``--fuse-conv-bn``) folds a BN child
+    into the Conv2d child registered just before it, which is wrong where
+    the BN normalises more than that conv's output (the layer attentions'
+    gates and mixes) or where the conv's bias would be ignored (the KCLA
+    adapter's matmul); KCLA's inference ops fold their BNs themselves."""
+    name, norm = build_norm_layer(norm_cfg, channels)
+    module.add_module(name, norm)
+    return name
 
 
 def autocast_off(device_type: str):
