@@ -53,29 +53,38 @@ MAX_INVERSION_GROWTH = 16.0
 class StateTape:
     """Hands a layer's ``u_next`` back to it in backward, from its successor.
 
-    The layer that did not save its ``u_next`` reads :attr:`u` in its
-    backward; the next layer's backward writes it there first (autograd runs
-    the successor first: it consumes ``u_next``). :attr:`z_floor` (B, G) is
-    Z of the oldest state that would be recovered by inversion alone.
-    :attr:`grad_u` is the gradient the successor's backward returned for
-    ``u_next`` (see :class:`GradHandoff`).
+    The layer that did not save its ``u_next`` takes it in its backward; the
+    next layer's backward hands it over first (autograd runs the successor
+    first: it consumes ``u_next``). :attr:`z_floor` (B, G) is Z of the
+    oldest state that would be recovered by inversion alone. :attr:`grad_u`
+    is the gradient the successor's backward returned for ``u_next`` (see
+    :class:`GradHandoff`).
     """
 
     def __init__(self) -> None:
         self.u: Optional[Tensor] = None
+        self.writable = False
         self.z_floor: Optional[Tensor] = None
         self.grad_u = GradHandoff()
 
-    def take(self) -> Tensor:
+    def hand(self, u: Tensor, writable: bool) -> None:
+        """``writable``: the taker may invert ``u`` in place (False for a
+        tensor the successor saved: a second backward, ``retain_graph=True``,
+        reads it again)."""
+        self.u, self.writable = u, writable
+
+    def take(self) -> Tuple[Tensor, bool]:
+        """``u_next`` and whether it is writable."""
         u, self.u = self.u, None
         if u is None:
             raise RuntimeError(
                 'KCLA state inversion: the next layer\'s backward did not '
                 'hand back this layer\'s state; every layer that continues '
                 'a state from a layer with invert_state=True must run the '
-                'fused training path, and the graph cannot be backwarded '
-                'twice')
-        return u
+                'fused training path, and a backward must reach that layer '
+                'through the next one (a loss on its output alone cannot; '
+                'set invert_state=False on it for that)')
+        return u, self.writable
 
 
 class GradHandoff:
@@ -320,15 +329,16 @@ class KCLABranchFunction(Function):
         (out, u_next, w, z, gate, weight, keep, mask, mean, invstd, scale,
          shift, saved_u) = ctx.saved_tensors
         owned = ctx.tape_out is not None
+        writable = False
         if owned:
-            u_next = ctx.tape_out.take()
+            u_next, writable = ctx.tape_out.take()
         ext = get_ext()
         grad_out = torch.zeros_like(out) if grad_out is None else \
             grad_out.contiguous()
         if grad_u_next is not None:
             grad_u_next = grad_u_next.contiguous()
         invert = saved_u is None and ctx.tape_in is not None
-        u_prev = (u_next if owned else torch.empty_like(u_next)) \
+        u_prev = (u_next if writable else torch.empty_like(u_next)) \
             if invert else None
         grad_x = torch.empty_like(out)
         # the successor's own gradient of u_next: overwritten with grad_u
@@ -354,9 +364,9 @@ class KCLABranchFunction(Function):
                  keep, mask, mean, invstd, scale, shift, grad_x, grad_u,
                  u_prev)
         if saved_u is not None:  # hand the previous layer its state
-            ctx.tape_in.u = saved_u
+            ctx.tape_in.hand(saved_u, writable=False)
         elif invert:  # ... recovered by inverting the running sum
-            ctx.tape_in.u = u_prev
+            ctx.tape_in.hand(u_prev, writable=True)
         if ctx.tape_in is not None:
             ctx.tape_in.grad_u.give(grad_u)
         if ctx.x_handoff is not None:
