@@ -420,7 +420,7 @@ class KCLALayer(BaseModule):
         if self.adapter.folds():
             u, z = self.adapter.folded_state(state, self.num_heads,
                                              self.norm_d,
-                                             self._impl() != 'torch')
+                                             self.impl != 'torch')
             spatial_check(u.shape[2:], size, type(self).__name__,
                           'check the stage stride (state_stride)')
             return u, z
