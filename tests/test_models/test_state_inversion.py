@@ -54,16 +54,22 @@ def inputs(n, dtype=torch.float64, shape=(2, 16, 9, 7)):
     return [torch.rand(shape, dtype=dtype) * 2 for _ in range(n)]
 
 
-@pytest.mark.parametrize('bn_train', [True, False])
-def test_inverted_chain_matches_torch_path_float64(bn_train):
-    xs = inputs(6)
+def torch_and_fused(xs, bn_train=True, backwards=1, **chain_kwargs):
+    """:func:`run`'s outputs and grads of a chain on the PyTorch path and of
+    the same chain fused, inverting its states."""
     results = []
     for impl, invert in (('torch', False), ('fused', True)):
-        layers = chain(6, invert=invert, drop_path=0.2)
+        layers = chain(len(xs), invert=invert, **chain_kwargs)
         for layer in layers:
             layer.impl = impl
             layer.norm.train(bn_train)
-        results.append(run(layers, xs)[0])
+        results.append(run(layers, xs, backwards=backwards)[0])
+    return results
+
+
+@pytest.mark.parametrize('bn_train', [True, False])
+def test_inverted_chain_matches_torch_path_float64(bn_train):
+    results = torch_and_fused(inputs(6), bn_train, drop_path=0.2)
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
@@ -121,13 +127,7 @@ def test_second_backward_with_retain_graph(monkeypatch):
         return apply(*args)
 
     monkeypatch.setattr(branch_ops.KCLABranchFunction, 'apply', spy)
-    xs = inputs(6)
-    results = []
-    for impl, invert in (('torch', False), ('fused', True)):
-        layers = chain(6, invert=invert, key_std=1.5)
-        for layer in layers:
-            layer.impl = impl
-        results.append(run(layers, xs, backwards=2)[0])
+    results = torch_and_fused(inputs(6), backwards=2, key_std=1.5)
     # the layers after the first: some save their state, some invert
     assert True in saves[1:] and False in saves[1:], saves
     for a, b in zip(*results):
