@@ -36,6 +36,7 @@ from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
+from mmengine.model.utils import _BatchNormXd
 from torch import Tensor
 from torch.autograd import Function
 from torch.autograd.function import once_differentiable
@@ -106,10 +107,17 @@ class GradHandoff:
         return grad is not None and grad is handed
 
 
+# BatchNorms that compute what nn.BatchNorm2d does on (B, C, H, W) maps:
+# mmengine's runner turns SyncBN into _BatchNormXd (BatchNorm without the
+# input-dim check) when it trains or tests on one process
+PLAIN_BATCH_NORMS = (nn.BatchNorm2d, _BatchNormXd)
+
+
 def plain_affine_bn(norm: nn.Module) -> bool:
-    """Whether ``norm`` is an ``nn.BatchNorm2d`` itself (no subclass such as
-    SyncBatchNorm) with affine parameters, as the fused ops compute it."""
-    return type(norm) is nn.BatchNorm2d and norm.affine
+    """Whether ``norm`` is one of :data:`PLAIN_BATCH_NORMS` itself (no
+    subclass such as SyncBatchNorm, whose statistics span processes) with
+    affine parameters, as the fused ops compute it."""
+    return type(norm) in PLAIN_BATCH_NORMS and norm.affine
 
 
 def branch_supported(x: Tensor, norm: nn.Module) -> bool:

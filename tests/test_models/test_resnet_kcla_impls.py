@@ -119,3 +119,32 @@ def test_training_matches_torch_path_float64(path, monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
     if calls is not None:
         assert set(calls) == GPU_DISPATCH_OPS['training']
+
+
+def test_sync_bn_reverted_by_mmengine_takes_fused_path(monkeypatch):
+    """mmengine's runner turns SyncBN into _BatchNormXd when it trains or
+    tests on one process (mmseg's configs use SyncBN); those layers run the
+    fused kernels (they ran the PyTorch path) and equal the torch path."""
+    from mmengine.model import revert_sync_batchnorm
+    torch.manual_seed(0)
+    fused = revert_sync_batchnorm(ResNetKCLA(
+        50, base_channels=16, head_dim=16, norm_eval=False,
+        norm_cfg=dict(type='SyncBN', requires_grad=True))).double()
+    ref = ResNetKCLA(50, base_channels=16, head_dim=16, norm_eval=False,
+                     kcla_impl='torch').double()
+    ref.load_state_dict(fused.state_dict())
+    ext, calls = get_ext(), collections.Counter()
+    for name in ('kcla_branch_train_forward', 'kcla_layer_inference'):
+        def call(*args, name=name, fn=getattr(ext, name)):
+            calls[name] += 1
+            return fn(*args)
+        monkeypatch.setattr(ext, name, call)
+    x = torch.rand(2, 3, 64, 64, dtype=torch.float64)
+    for a, b in zip(train_step(fused, x), train_step(ref, x)):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+    with torch.no_grad():
+        for a, b in zip(fused.eval()(x), ref.eval()(x)):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+    # one call per KCLA layer (16) in each
+    assert calls == {'kcla_branch_train_forward': 16,
+                     'kcla_layer_inference': 16}
