@@ -135,8 +135,8 @@ def layer_supported(x: Tensor) -> bool:
 
 
 def foldable_bn(norm: nn.Module) -> bool:
-    """Whether ``norm`` is an eval-mode ``nn.BatchNorm2d`` with running
-    statistics and affine parameters: an affine map
+    """Whether ``norm`` is an eval-mode :func:`plain_affine_bn` with running
+    statistics: an affine map
     :func:`kcla_layer_inference` can fold in."""
     return (plain_affine_bn(norm) and not norm.training
             and norm.running_mean is not None)
