@@ -40,17 +40,21 @@ def test_resnet_kcla_exports(impl, strict):
         strict)
 
 
+def build_fpn() -> KCLAFPN:
+    """A float64 KCLAFPN over three levels (:func:`fpn_inputs`)."""
+    return KCLAFPN([16, 32, 64], 32, num_outs=4, head_dim=16).double()
+
+
+def fpn_inputs() -> tuple:
+    """``(levels, )``: :func:`build_fpn`'s arguments, drawn afresh."""
+    return (tuple(
+        torch.rand(2, c, s, s, dtype=torch.float64)
+        for c, s in ((16, 32), (32, 16), (64, 8))), )
+
+
 def test_kcla_fpn_exports():
     torch.manual_seed(0)
-    neck = KCLAFPN([16, 32, 64], 32, num_outs=4,
-                   head_dim=16).double().eval()
-
-    def inputs():
-        return (tuple(
-            torch.rand(2, c, s, s, dtype=torch.float64)
-            for c, s in ((16, 32), (32, 16), (64, 8))), )
-
-    assert_exports(neck, inputs, strict=False)
+    assert_exports(build_fpn().eval(), fpn_inputs, strict=False)
 
 
 class DecoderPass(nn.Module):
@@ -65,11 +69,14 @@ class DecoderPass(nn.Module):
         d1, state = self.attn(fine, 1, state)
         return d0, d1, state.u, state.z
 
+    @staticmethod
+    def inputs() -> tuple:
+        """A coarse and a fine level (float64), drawn afresh."""
+        return (torch.rand(2, 32, 8, 8, dtype=torch.float64),
+                torch.rand(2, 16, 16, 16, dtype=torch.float64))
+
 
 def test_kcla_decoder_attention_exports():
     torch.manual_seed(0)
-    assert_exports(
-        DecoderPass().double().eval(),
-        lambda: (torch.rand(2, 32, 8, 8, dtype=torch.float64),
-                 torch.rand(2, 16, 16, 16, dtype=torch.float64)),
-        strict=False)
+    assert_exports(DecoderPass().double().eval(), DecoderPass.inputs,
+                   strict=False)

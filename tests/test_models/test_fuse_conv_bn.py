@@ -16,8 +16,7 @@ import torch.nn as nn
 from mmcv.cnn import fuse_conv_bn
 
 from kcla_mm.models import ResNetKCLA
-from kcla_mm.models.necks.kcla_fpn import KCLAFPN
-from .test_export import DecoderPass
+from .test_export import DecoderPass, build_fpn, fpn_inputs
 
 
 def randomise_bn(model: nn.Module) -> nn.Module:
@@ -72,17 +71,11 @@ def test_backbone(layer_attention):
 
 def test_kcla_fpn():
     torch.manual_seed(0)
-    neck = randomise_bn(
-        KCLAFPN([16, 32, 64], 32, num_outs=4, head_dim=16).double())
-    assert_fusion_keeps_outputs(
-        neck, None,
-        tuple(torch.rand(2, c, s, s, dtype=torch.float64)
-              for c, s in ((16, 32), (32, 16), (64, 8))))
+    assert_fusion_keeps_outputs(randomise_bn(build_fpn()), None,
+                                *fpn_inputs())
 
 
 def test_kcla_decoder_attention():
     torch.manual_seed(0)
-    assert_fusion_keeps_outputs(
-        randomise_bn(DecoderPass().double()), None,
-        torch.rand(2, 32, 8, 8, dtype=torch.float64),
-        torch.rand(2, 16, 16, 16, dtype=torch.float64))
+    assert_fusion_keeps_outputs(randomise_bn(DecoderPass().double()), None,
+                                *DecoderPass.inputs())

@@ -41,6 +41,17 @@ GPU_DISPATCH_OPS = {
 INFERENCE_TOL = {'cpu': 1e-5, 'cuda': 1e-4}
 
 
+def count_calls(names, monkeypatch) -> collections.Counter:
+    """A counter of the extension's calls of ``names``, which still run."""
+    ext, calls = get_ext(), collections.Counter()
+    for name in names:
+        def call(*args, name=name, fn=getattr(ext, name)):
+            calls[name] += 1
+            return fn(*args)
+        monkeypatch.setattr(ext, name, call)
+    return calls
+
+
 def take_path(path, monkeypatch):
     """The device of ``path``, and for 'cpu_gpu_dispatch' a counter of the
     extension's calls after hiding its 'layer' group (a call of one of its
@@ -54,7 +65,7 @@ def take_path(path, monkeypatch):
 
     monkeypatch.setattr(kcla_branch_mod, 'has_device_impl',
                         without_layer_group)
-    ext, calls = get_ext(), collections.Counter()
+    ext = get_ext()
 
     def refused(name):
         def call(*args):
@@ -62,17 +73,10 @@ def take_path(path, monkeypatch):
                                  "'layer' group")
         return call
 
-    def counted(name, fn):
-        def call(*args):
-            calls[name] += 1
-            return fn(*args)
-        return call
-
     for name in LAYER_OPS:
         monkeypatch.setattr(ext, name, refused(name))
-    for name in set().union(*GPU_DISPATCH_OPS.values()):
-        monkeypatch.setattr(ext, name, counted(name, getattr(ext, name)))
-    return 'cpu', calls
+    return 'cpu', count_calls(set().union(*GPU_DISPATCH_OPS.values()),
+                              monkeypatch)
 
 
 def fused_and_torch(device):
@@ -133,12 +137,8 @@ def test_sync_bn_reverted_by_mmengine_takes_fused_path(monkeypatch):
     ref = ResNetKCLA(50, base_channels=16, head_dim=16, norm_eval=False,
                      kcla_impl='torch').double()
     ref.load_state_dict(fused.state_dict())
-    ext, calls = get_ext(), collections.Counter()
-    for name in ('kcla_branch_train_forward', 'kcla_layer_inference'):
-        def call(*args, name=name, fn=getattr(ext, name)):
-            calls[name] += 1
-            return fn(*args)
-        monkeypatch.setattr(ext, name, call)
+    calls = count_calls(
+        ('kcla_branch_train_forward', 'kcla_layer_inference'), monkeypatch)
     x = torch.rand(2, 3, 64, 64, dtype=torch.float64)
     for a, b in zip(train_step(fused, x), train_step(ref, x)):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
