@@ -39,9 +39,9 @@ import torch.nn as nn
 from mmengine.model.utils import _BatchNormXd
 from torch import Tensor
 from torch.autograd import Function
-from torch.autograd.function import once_differentiable
 
 from .ext_loader import get_ext, has_device_impl
+from .first_order import first_order_only
 from .kcla_heads import as_operand, head_params
 
 
@@ -183,7 +183,7 @@ class ReLUPoolFunction(Function):
         return s, pooled
 
     @staticmethod
-    @once_differentiable
+    @first_order_only
     def backward(ctx, grad_x: Optional[Tensor],
                  grad_pooled: Optional[Tensor]) -> tuple:
         mask, = ctx.saved_tensors
@@ -331,7 +331,7 @@ class KCLABranchFunction(Function):
         return out, u_next
 
     @staticmethod
-    @once_differentiable
+    @first_order_only
     def backward(ctx, grad_out: Optional[Tensor],
                  grad_u_next: Optional[Tensor]) -> tuple:
         (out, u_next, w, z, gate, weight, keep, mask, mean, invstd, scale,

@@ -17,9 +17,9 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 from torch.autograd import Function
-from torch.autograd.function import once_differentiable
 
 from .ext_loader import get_ext
+from .first_order import first_order_only
 
 
 class KCLAHeadsFunction(Function):
@@ -45,7 +45,7 @@ class KCLAHeadsFunction(Function):
         return w, z_next, gate
 
     @staticmethod
-    @once_differentiable
+    @first_order_only
     def backward(ctx, grad_w: Optional[Tensor], grad_z_next: Optional[Tensor],
                  grad_gate: Optional[Tensor]) -> tuple:
         pooled, q_kernel, k_kernel, norm_d, gate_weight, w, gate = \

@@ -16,9 +16,9 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 from torch.autograd import Function
-from torch.autograd.function import once_differentiable
 
 from .ext_loader import get_ext, has_device_impl, recording_graph
+from .first_order import first_order_only
 
 IMPLS = ('auto', 'fused', 'torch')
 
@@ -39,7 +39,7 @@ class KCLAStateFunction(Function):
         return u_next, agg
 
     @staticmethod
-    @once_differentiable
+    @first_order_only
     def backward(ctx, grad_u_next: Tensor, grad_agg: Tensor) -> tuple:
         x, w, z, agg = ctx.saved_tensors
         grad_x = torch.empty_like(x)

@@ -1,0 +1,76 @@
+"""The fused KCLA ops have first derivatives only.
+
+Under ``create_graph=True`` their gradients still equal the PyTorch path's;
+differentiating those gradients again (a gradient penalty) raises an error
+that names ``kcla_impl='torch'``, and that path computes it.
+"""
+import pytest
+import torch
+
+from kcla_mm.models import ResNetKCLA
+from kcla_mm.ops import has_device_impl, kcla_state_update
+
+pytestmark = pytest.mark.skipif(
+    not has_device_impl('cpu', 'branch'),
+    reason='needs kcla_mm._ext built with the CPU kernels')
+
+REMEDY = "kcla_impl='torch'"
+
+
+def input_gradient(model, x):
+    """d(sum of squared outputs)/dx with ``create_graph=True``."""
+    x = x.clone().requires_grad_()
+    loss = sum(out.square().sum() for out in model(x))
+    grad, = torch.autograd.grad(loss, x, create_graph=True)
+    return grad
+
+
+def test_gradient_penalty_through_resnet_kcla():
+    # four stages (first layer, continued states, adapters), training BNs
+    torch.manual_seed(0)
+    fused = ResNetKCLA(18, base_channels=16, head_dim=16, norm_eval=False,
+                       kcla_drop_path=0.0, kcla_impl='fused').double()
+    reference = ResNetKCLA(18, base_channels=16, head_dim=16,
+                           norm_eval=False, kcla_drop_path=0.0,
+                           kcla_impl='torch').double()
+    reference.load_state_dict(fused.state_dict())
+    x = torch.rand(2, 3, 64, 64, dtype=torch.float64)
+
+    grad = input_gradient(fused, x)
+    expected = input_gradient(reference, x)
+    torch.testing.assert_close(grad, expected, rtol=1e-10, atol=1e-12)
+    assert grad.requires_grad
+    with pytest.raises(RuntimeError, match=REMEDY):
+        grad.square().sum().backward()
+
+    expected.square().sum().backward()
+    v_grads = [layer.v_conv.weight.grad for layer in reference.layer4_attn]
+    assert all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0
+               for g in v_grads)
+
+
+def test_state_update_second_derivative_raises():
+    gen = torch.Generator().manual_seed(0)
+    x, u = torch.randn(2, 2, 8, 5, 7, generator=gen,
+                       dtype=torch.float64).unbind(0)
+    w = torch.rand(2, 2, generator=gen, dtype=torch.float64) + 0.5
+    z = w + 2
+    grads = []
+    for impl in ('fused', 'torch'):
+        xi = x.clone().requires_grad_()
+        u_next, agg = kcla_state_update(xi, w, z, u, impl=impl)
+        loss = u_next.sin().sum() + agg.square().sum()
+        grads.append(torch.autograd.grad(loss, xi, create_graph=True)[0])
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-14)
+    with pytest.raises(RuntimeError, match=REMEDY):
+        grads[0].sum().backward()
+
+
+def test_first_order_backward_returns_plain_gradients():
+    # without create_graph the gradients are plain tensors, no barrier
+    x = torch.rand(1, 4, 3, 3, dtype=torch.float64, requires_grad=True)
+    w = torch.ones(1, 1, dtype=torch.float64)
+    u_next, agg = kcla_state_update(x, w, w + 1, impl='fused')
+    grad, = torch.autograd.grad(agg.sum(), x)
+    assert not grad.requires_grad and grad.grad_fn is None
+    torch.testing.assert_close(grad, torch.full_like(x, 1 / (2 + 1e-3)))
