@@ -74,14 +74,17 @@ def _device_types(ext: ModuleType, group: str) -> Tuple[str, ...]:
     return tuple(ext.device_types(group))
 
 
-def recording_graph() -> bool:
-    """Whether torch.jit traces or torch.export exports the running code.
+def torch_ops_only() -> bool:
+    """Whether KCLA must run its PyTorch ops whatever ``impl`` says.
 
-    KCLA then runs its PyTorch ops: FLOP counts and exported graphs see the
-    spec's ops, and torch.export cannot run the extension's calls on its
-    fake tensors.
+    True while torch.jit traces or torch.export exports the running code
+    (FLOP counts and exported graphs then see the spec's ops; export's fake
+    tensors have no data for the extension) and inside a torch.func
+    transform (vmap, grad, jacrev, ...: the extension's autograd Functions
+    have no functorch rules).
     """
-    return torch.jit.is_tracing() or torch.compiler.is_exporting()
+    return (torch.jit.is_tracing() or torch.compiler.is_exporting()
+            or torch._C._are_functorch_transforms_active())
 
 
 def has_device_impl(device_type: str, group: str = 'state') -> bool:

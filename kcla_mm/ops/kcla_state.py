@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torch.autograd import Function
 
-from .ext_loader import get_ext, has_device_impl, recording_graph
+from .ext_loader import get_ext, has_device_impl, torch_ops_only
 from .first_order import first_order_only
 
 IMPLS = ('auto', 'fused', 'torch')
@@ -119,8 +119,8 @@ def kcla_state_update(x: Tensor,
             None for the first layer.
         eps (float): added to ``z`` before dividing. Defaults to 1e-3.
         impl (str): ``'auto'`` (fused kernel when ``kcla_mm._ext``
-            implements the device and no graph is recorded, see
-            :func:`~kcla_mm.ops.ext_loader.recording_graph`; else PyTorch),
+            implements the device and not
+            :func:`~kcla_mm.ops.ext_loader.torch_ops_only`; else PyTorch),
             ``'fused'`` or ``'torch'``. Defaults to ``'auto'``.
 
     Returns:
@@ -130,7 +130,7 @@ def kcla_state_update(x: Tensor,
         raise ValueError(f'kcla_state_update: `impl` must be one of {IMPLS}, '
                          f'got {impl!r}')
     check_state_inputs(x, u, w, z)
-    use_fused = impl == 'fused' or (impl == 'auto' and not recording_graph()
+    use_fused = impl == 'fused' or (impl == 'auto' and not torch_ops_only()
                                     and has_device_impl(x.device.type))
     if not use_fused:
         return kcla_state_update_reference(x, u, w, z, eps)

@@ -2,7 +2,7 @@
 
 torch.export cannot run the extension's calls (its fake tensors have no
 data), so while it exports a KCLA layer takes its PyTorch path whatever
-``impl`` says (``kcla_mm.ops.ext_loader.recording_graph``). The exported
+``impl`` says (``kcla_mm.ops.ext_loader.torch_ops_only``). The exported
 program is run on a second input, so a graph that had recorded the first
 input's results as constants would fail.
 """

@@ -14,7 +14,7 @@ from mmengine.model import BaseModule
 from torch import Tensor
 
 from kcla_mm.ops import kcla_state_update
-from kcla_mm.ops.ext_loader import recording_graph
+from kcla_mm.ops.ext_loader import torch_ops_only
 from kcla_mm.ops.kcla_adapter import kcla_adapter_inference
 from kcla_mm.ops.kcla_branch import (GradHandoff, StateTape,
                                      branch_supported, foldable_bn, kcla_branch,
@@ -138,10 +138,10 @@ class KCLAStateAdapter(BaseModule):
 
     def folds(self) -> bool:
         """Whether :meth:`folded_state` applies: a BatchNorm2d with affine
-        parameters (batch or running statistics), no resize; not while a
-        graph is recorded (:func:`recording_graph`)."""
+        parameters (batch or running statistics), no resize; not where
+        :func:`torch_ops_only`."""
         return (not self.resize and plain_affine_bn(self.norm)
-                and not recording_graph())
+                and not torch_ops_only())
 
     def folded_state(self, state: KCLAState, num_heads: int,
                      norm_d: Tensor,
@@ -435,20 +435,20 @@ class KCLALayer(BaseModule):
                  z.view(b, self.num_heads, 1, 1, 1)).view(b, c, h, w)
             return u, z
 
-        if torch.is_grad_enabled() and not recording_graph():
+        if torch.is_grad_enabled() and not torch_ops_only():
             return checkpoint_keeping_stats(adapt, self.adapter, state.u,
                                             state.z)
         return adapt(state.u, state.z)
 
     def _impl(self) -> str:
-        """:attr:`impl`, or ``'torch'`` while a graph is recorded (torch.jit
-        traces or torch.export exports, e.g. FLOP counting or export: see
-        :func:`recording_graph`)."""
-        return 'torch' if recording_graph() else self.impl
+        """:attr:`impl`, or ``'torch'`` where :func:`torch_ops_only` (a
+        torch.jit trace, e.g. FLOP counting, torch.export, a torch.func
+        transform)."""
+        return 'torch' if torch_ops_only() else self.impl
 
     def _use_fused_branch(self, x: Tensor) -> bool:
         """Fused kernels for steps 4-8 (float32 BN layers, extension built,
-        no graph recorded)."""
+        not :func:`torch_ops_only`)."""
         return (self._impl() != 'torch'
                 and x.dtype in (torch.float32, torch.float64)
                 and branch_supported(x, self.norm))
