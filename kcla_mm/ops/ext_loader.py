@@ -10,6 +10,7 @@ from types import ModuleType
 from typing import Iterable, Optional, Tuple
 
 import torch
+from torch.autograd import forward_ad
 
 EXT_NAME = 'kcla_mm._ext'
 EXT_FUNCS = ('device_types', 'kcla_state_forward', 'kcla_state_backward',
@@ -79,12 +80,14 @@ def torch_ops_only() -> bool:
 
     True while torch.jit traces or torch.export exports the running code
     (FLOP counts and exported graphs then see the spec's ops; export's fake
-    tensors have no data for the extension) and inside a torch.func
-    transform (vmap, grad, jacrev, ...: the extension's autograd Functions
-    have no functorch rules).
+    tensors have no data for the extension), inside a torch.func transform
+    (vmap, grad, jacrev, ...: the extension's autograd Functions have no
+    functorch rules) and while a forward-mode AD dual level is open (the
+    kernels carry no tangents, also under no_grad).
     """
     return (torch.jit.is_tracing() or torch.compiler.is_exporting()
-            or torch._C._are_functorch_transforms_active())
+            or torch._C._are_functorch_transforms_active()
+            or forward_ad._current_level >= 0)
 
 
 def has_device_impl(device_type: str, group: str = 'state') -> bool:

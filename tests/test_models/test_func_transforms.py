@@ -1,13 +1,16 @@
-"""torch.func transforms (grad, vmap) over ResNetKCLA.
+"""torch.func transforms (grad, vmap) and forward-mode AD over ResNetKCLA.
 
-The extension's autograd Functions have no functorch rules, so inside a
-transform a KCLA layer takes its PyTorch path whatever ``kcla_impl`` says
+The extension's autograd Functions have no functorch rules and its
+kernels carry no tangents, so inside a transform or a dual level a KCLA
+layer takes its PyTorch path whatever ``kcla_impl`` says
 (``kcla_mm.ops.ext_loader.torch_ops_only``). The transformed results are
 compared with plain autograd over the same model, which outside the
-transform runs the fused kernels.
+transform runs the fused kernels; forward-mode tangents with central
+finite differences.
 """
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 
 from kcla_mm.models import ResNetKCLA
 
@@ -72,3 +75,22 @@ def test_vmap_forward_equals_batched_forward():
     assert len(got) == len(expected)
     for a, b in zip(got, expected):
         torch.testing.assert_close(a.squeeze(1), b, rtol=1e-10, atol=1e-13)
+
+
+@pytest.mark.parametrize('grad_mode', [False, True])
+def test_forward_mode_tangents_equal_finite_differences(grad_mode):
+    # under no_grad the fused inference ops had run and dropped the
+    # KCLA layers' tangents; with grad, the Functions have no jvp
+    model = build('auto')
+    x = torch.rand(2, 3, 64, 64, dtype=torch.float64)
+    direction = torch.rand_like(x)
+    with torch.set_grad_enabled(grad_mode), fwAD.dual_level():
+        outs = model(fwAD.make_dual(x, direction))
+        tangents = [fwAD.unpack_dual(out).tangent for out in outs]
+    step = 1e-6
+    with torch.no_grad():
+        plus, minus = model(x + step * direction), model(x - step * direction)
+    for tangent, hi, lo in zip(tangents, plus, minus):
+        expected = (hi - lo) / (2 * step)
+        torch.testing.assert_close(tangent, expected, rtol=1e-6,
+                                   atol=1e-6 * expected.abs().max().item())
