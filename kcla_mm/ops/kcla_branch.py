@@ -41,7 +41,7 @@ from torch import Tensor
 from torch.autograd import Function
 
 from .ext_loader import get_ext, has_device_impl
-from .first_order import first_order_only
+from .fused_backward import fused_backward
 from .kcla_heads import as_operand, head_params
 
 
@@ -183,7 +183,7 @@ class ReLUPoolFunction(Function):
         return s, pooled
 
     @staticmethod
-    @first_order_only
+    @fused_backward
     def backward(ctx, grad_x: Optional[Tensor],
                  grad_pooled: Optional[Tensor]) -> tuple:
         mask, = ctx.saved_tensors
@@ -331,7 +331,7 @@ class KCLABranchFunction(Function):
         return out, u_next
 
     @staticmethod
-    @first_order_only
+    @fused_backward
     def backward(ctx, grad_out: Optional[Tensor],
                  grad_u_next: Optional[Tensor]) -> tuple:
         (out, u_next, w, z, gate, weight, keep, mask, mean, invstd, scale,

@@ -19,7 +19,7 @@ from torch import Tensor
 from torch.autograd import Function
 
 from .ext_loader import get_ext
-from .first_order import first_order_only
+from .fused_backward import fused_backward
 
 
 class KCLAHeadsFunction(Function):
@@ -45,7 +45,7 @@ class KCLAHeadsFunction(Function):
         return w, z_next, gate
 
     @staticmethod
-    @first_order_only
+    @fused_backward
     def backward(ctx, grad_w: Optional[Tensor], grad_z_next: Optional[Tensor],
                  grad_gate: Optional[Tensor]) -> tuple:
         pooled, q_kernel, k_kernel, norm_d, gate_weight, w, gate = \

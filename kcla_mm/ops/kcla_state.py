@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.autograd import Function
 
 from .ext_loader import get_ext, has_device_impl, torch_ops_only
-from .first_order import first_order_only
+from .fused_backward import fused_backward
 
 IMPLS = ('auto', 'fused', 'torch')
 
@@ -39,7 +39,7 @@ class KCLAStateFunction(Function):
         return u_next, agg
 
     @staticmethod
-    @first_order_only
+    @fused_backward
     def backward(ctx, grad_u_next: Tensor, grad_agg: Tensor) -> tuple:
         x, w, z, agg = ctx.saved_tensors
         grad_x = torch.empty_like(x)

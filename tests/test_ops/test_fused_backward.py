@@ -1,8 +1,10 @@
-"""The fused KCLA ops have first derivatives only.
+"""What the fused KCLA ops' backwards cannot do raises errors naming
+``kcla_impl='torch'``, whose PyTorch ops do it.
 
-Under ``create_graph=True`` their gradients still equal the PyTorch path's;
-differentiating those gradients again (a gradient penalty) raises an error
-that names ``kcla_impl='torch'``, and that path computes it.
+They have first derivatives only: under ``create_graph=True`` their
+gradients still equal the PyTorch path's, differentiating those gradients
+again (a gradient penalty) raises. They take one gradient at a time:
+batched gradients (``is_grads_batched=True``, a vectorized jacobian) raise.
 """
 import pytest
 import torch
@@ -66,7 +68,7 @@ def test_state_update_second_derivative_raises():
         grads[0].sum().backward()
 
 
-def test_first_order_backward_returns_plain_gradients():
+def test_plain_backward_returns_plain_gradients():
     # without create_graph the gradients are plain tensors, no barrier
     x = torch.rand(1, 4, 3, 3, dtype=torch.float64, requires_grad=True)
     w = torch.ones(1, 1, dtype=torch.float64)
@@ -74,3 +76,38 @@ def test_first_order_backward_returns_plain_gradients():
     grad, = torch.autograd.grad(agg.sum(), x)
     assert not grad.requires_grad and grad.grad_fn is None
     torch.testing.assert_close(grad, torch.full_like(x, 1 / (2 + 1e-3)))
+
+
+def test_batched_gradients_raise_and_torch_path_computes_them():
+    # the jacobian of stage 4's first outputs by vmap over the backward;
+    # the fused backward had failed with "Cannot access data pointer of
+    # Tensor that doesn't have storage"
+    torch.manual_seed(0)
+    fused = ResNetKCLA(18, base_channels=16, head_dim=16, norm_eval=False,
+                       kcla_drop_path=0.0, kcla_impl='fused').double()
+    reference = ResNetKCLA(18, base_channels=16, head_dim=16,
+                           norm_eval=False, kcla_drop_path=0.0,
+                           kcla_impl='torch').double()
+    reference.load_state_dict(fused.state_dict())
+    x = torch.rand(2, 3, 64, 64, dtype=torch.float64)
+    jacobians = []
+    for model in (fused, reference):
+        xi = x.clone().requires_grad_()
+        out = model(xi)[-1]
+        rows = torch.eye(out.numel(), dtype=out.dtype)[:3].view(3, *out.shape)
+        if model is fused:
+            with pytest.raises(RuntimeError, match=REMEDY):
+                torch.autograd.grad(out, xi, rows, retain_graph=True,
+                                    is_grads_batched=True)
+        else:
+            jacobians.append(torch.autograd.grad(
+                out, xi, rows, retain_graph=True, is_grads_batched=True)[0])
+        # the same rows one at a time: the reference for both paths
+        jacobians.append(torch.stack([
+            torch.autograd.grad(out, xi, row, retain_graph=True)[0]
+            for row in rows]))
+    fused_rows, batched, reference_rows = jacobians
+    torch.testing.assert_close(batched, reference_rows, rtol=1e-10,
+                               atol=1e-14)
+    torch.testing.assert_close(fused_rows, reference_rows, rtol=1e-10,
+                               atol=1e-14)
