@@ -19,6 +19,20 @@ pytestmark = pytest.mark.skipif(
 REMEDY = "kcla_impl='torch'"
 
 
+def fused_and_torch_models():
+    """A float64 ResNet-18-KCLA on the fused path (four stages: first
+    layer, continued states, adapters; training BNs, no drop-path), the
+    same weights on the torch path, and an input for both."""
+    torch.manual_seed(0)
+    fused = ResNetKCLA(18, base_channels=16, head_dim=16, norm_eval=False,
+                       kcla_drop_path=0.0, kcla_impl='fused').double()
+    reference = ResNetKCLA(18, base_channels=16, head_dim=16,
+                           norm_eval=False, kcla_drop_path=0.0,
+                           kcla_impl='torch').double()
+    reference.load_state_dict(fused.state_dict())
+    return fused, reference, torch.rand(2, 3, 64, 64, dtype=torch.float64)
+
+
 def input_gradient(model, x):
     """d(sum of squared outputs)/dx with ``create_graph=True``."""
     x = x.clone().requires_grad_()
@@ -28,15 +42,7 @@ def input_gradient(model, x):
 
 
 def test_gradient_penalty_through_resnet_kcla():
-    # four stages (first layer, continued states, adapters), training BNs
-    torch.manual_seed(0)
-    fused = ResNetKCLA(18, base_channels=16, head_dim=16, norm_eval=False,
-                       kcla_drop_path=0.0, kcla_impl='fused').double()
-    reference = ResNetKCLA(18, base_channels=16, head_dim=16,
-                           norm_eval=False, kcla_drop_path=0.0,
-                           kcla_impl='torch').double()
-    reference.load_state_dict(fused.state_dict())
-    x = torch.rand(2, 3, 64, 64, dtype=torch.float64)
+    fused, reference, x = fused_and_torch_models()
 
     grad = input_gradient(fused, x)
     expected = input_gradient(reference, x)
@@ -82,14 +88,7 @@ def test_batched_gradients_raise_and_torch_path_computes_them():
     # the jacobian of stage 4's first outputs by vmap over the backward;
     # the fused backward had failed with "Cannot access data pointer of
     # Tensor that doesn't have storage"
-    torch.manual_seed(0)
-    fused = ResNetKCLA(18, base_channels=16, head_dim=16, norm_eval=False,
-                       kcla_drop_path=0.0, kcla_impl='fused').double()
-    reference = ResNetKCLA(18, base_channels=16, head_dim=16,
-                           norm_eval=False, kcla_drop_path=0.0,
-                           kcla_impl='torch').double()
-    reference.load_state_dict(fused.state_dict())
-    x = torch.rand(2, 3, 64, 64, dtype=torch.float64)
+    fused, reference, x = fused_and_torch_models()
     jacobians = []
     for model in (fused, reference):
         xi = x.clone().requires_grad_()
