@@ -79,10 +79,14 @@ def take_path(path, monkeypatch):
                               monkeypatch)
 
 
-def fused_and_torch(device):
+def fused_and_torch(device, depth=50, **kwargs):
+    """ResNet-``depth``-KCLA (base width 16, head_dim 16, training BNs,
+    ``kwargs``) with ``kcla_impl='fused'``, and the same weights with
+    ``'torch'``, on ``device``."""
     torch.manual_seed(0)
-    models = [ResNetKCLA(50, base_channels=16, head_dim=16, kcla_impl=impl,
-                         norm_eval=False) for impl in ('fused', 'torch')]
+    models = [ResNetKCLA(depth, base_channels=16, head_dim=16,
+                         kcla_impl=impl, norm_eval=False, **kwargs)
+              for impl in ('fused', 'torch')]
     models[1].load_state_dict(models[0].state_dict())
     return [m.to(device) for m in models]
 

@@ -9,8 +9,8 @@ batched gradients (``is_grads_batched=True``, a vectorized jacobian) raise.
 import pytest
 import torch
 
-from kcla_mm.models import ResNetKCLA
 from kcla_mm.ops import has_device_impl, kcla_state_update
+from ..test_models.test_resnet_kcla_impls import fused_and_torch
 
 pytestmark = pytest.mark.skipif(
     not has_device_impl('cpu', 'branch'),
@@ -23,13 +23,8 @@ def fused_and_torch_models():
     """A float64 ResNet-18-KCLA on the fused path (four stages: first
     layer, continued states, adapters; training BNs, no drop-path), the
     same weights on the torch path, and an input for both."""
-    torch.manual_seed(0)
-    fused = ResNetKCLA(18, base_channels=16, head_dim=16, norm_eval=False,
-                       kcla_drop_path=0.0, kcla_impl='fused').double()
-    reference = ResNetKCLA(18, base_channels=16, head_dim=16,
-                           norm_eval=False, kcla_drop_path=0.0,
-                           kcla_impl='torch').double()
-    reference.load_state_dict(fused.state_dict())
+    fused, reference = (m.double() for m in fused_and_torch(
+        'cpu', depth=18, kcla_drop_path=0.0))
     return fused, reference, torch.rand(2, 3, 64, 64, dtype=torch.float64)
 
 
