@@ -443,7 +443,7 @@ class KCLALayer(BaseModule):
     def _impl(self) -> str:
         """:attr:`impl`, or ``'torch'`` where :func:`torch_ops_only` (a
         torch.jit trace, e.g. FLOP counting, torch.export, a torch.func
-        transform)."""
+        transform, forward-mode AD)."""
         return 'torch' if torch_ops_only() else self.impl
 
     def _use_fused_branch(self, x: Tensor) -> bool:
