@@ -59,7 +59,8 @@ class StateTape:
     first: it consumes ``u_next``). :attr:`z_floor` (B, G) is Z of the
     oldest state that would be recovered by inversion alone. :attr:`grad_u`
     is the gradient the successor's backward returned for ``u_next`` (see
-    :class:`GradHandoff`).
+    :class:`GradHandoff`). A successor that does not invert (PyTorch ops, a
+    state adapter) keeps ``u_next`` in :attr:`saved` instead.
     """
 
     def __init__(self) -> None:
@@ -67,6 +68,7 @@ class StateTape:
         self.writable = False
         self.z_floor: Optional[Tensor] = None
         self.grad_u = GradHandoff()
+        self.saved: Optional[Tensor] = None
 
     def hand(self, u: Tensor, writable: bool) -> None:
         """``writable``: the taker may invert ``u`` in place (False for a
@@ -77,14 +79,15 @@ class StateTape:
     def take(self) -> Tuple[Tensor, bool]:
         """``u_next`` and whether it is writable."""
         u, self.u = self.u, None
+        if u is None and self.saved is not None:
+            return self.saved, False
         if u is None:
             raise RuntimeError(
                 'KCLA state inversion: the next layer\'s backward did not '
-                'hand back this layer\'s state; every layer that continues '
-                'a state from a layer with invert_state=True must run the '
-                'fused training path, and a backward must reach that layer '
-                'through the next one (a loss on its output alone cannot; '
-                'set invert_state=False on it for that)')
+                'hand back this layer\'s state; a backward must reach a '
+                'layer with invert_state=True through the next one (a loss '
+                'on its output alone cannot; set invert_state=False on it '
+                'for that)')
         return u, self.writable
 
 

@@ -134,13 +134,21 @@ def test_second_backward_with_retain_graph(monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
-def test_successor_on_torch_path_is_refused():
-    layers = chain(2)
-    layers[1].impl = 'torch'
-    x = inputs(2)
-    _, state = layers[0](x[0])
-    with pytest.raises(RuntimeError, match='invert_state=True'):
-        layers[1](x[1], state)
+@pytest.mark.parametrize('backwards', [1, 2])
+def test_successor_off_the_fused_path_keeps_the_state(backwards):
+    """A layer on PyTorch ops (impl='torch' here; hooks on its submodules
+    send it there too) keeps the state its predecessor did not save; the
+    layers around it invert theirs (it raised before)."""
+    xs = inputs(5)
+    reference = chain(5, invert=False)
+    mixed = chain(5)
+    for layer in reference:
+        layer.impl = 'torch'
+    mixed[2].impl = 'torch'
+    assert all(layer.invert_state for layer in mixed[:4])
+    for a, b in zip(run(mixed, xs, backwards=backwards)[0],
+                    run(reference, xs, backwards=backwards)[0]):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize('norm_eval', [True, False])

@@ -7,7 +7,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .utils import state_dtype
+from .utils import hooked, state_dtype
 
 
 def eca_kernel_size(channels: int) -> int:
@@ -30,11 +30,16 @@ def eca_project(conv: nn.Conv1d, pooled: Tensor, num_heads: int) -> Tensor:
     """Apply ``conv`` to pooled features (B, C) -> (B, G, C // G).
 
     Computed in float32 (float64 for float64 input), whatever the autocast
-    state.
+    state; as a matmul unless ``conv`` has hooks (:func:`hooked`), which
+    a call of ``conv`` runs.
     """
     b, c = pooled.shape
     dtype = state_dtype(pooled)
-    out = _windows(conv, pooled.to(dtype)) @ conv.weight.to(dtype).view(-1)
+    if hooked(conv):
+        out = conv(pooled.to(conv.weight.dtype).unsqueeze(1)).to(dtype)
+    else:
+        out = _windows(conv, pooled.to(dtype)) @ conv.weight.to(dtype).view(
+            -1)
     return out.view(b, num_heads, c // num_heads)
 
 
@@ -45,6 +50,9 @@ def eca_project_pair(conv_a: nn.Conv1d, conv_b: nn.Conv1d, pooled: Tensor,
     if conv_a.kernel_size != conv_b.kernel_size:
         raise ValueError('eca_project_pair: the two convs have kernel sizes '
                          f'{conv_a.kernel_size} and {conv_b.kernel_size}')
+    if hooked(conv_a, conv_b):
+        return (eca_project(conv_a, pooled, num_heads),
+                eca_project(conv_b, pooled, num_heads))
     b, c = pooled.shape
     dtype = state_dtype(pooled)
     kernels = torch.stack([conv_a.weight.to(dtype).view(-1),

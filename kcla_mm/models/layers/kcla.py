@@ -30,8 +30,8 @@ from .utils import (add_norm_before_convs, autocast_off, check_bool,
                     check_feature, check_head_dim, check_layer_cfg,
                     check_positive_float, check_positive_int,
                     check_probability, check_temperature_range,
-                    checkpoint_keeping_stats, log_uniform_temperatures,
-                    spatial_check, state_dtype)
+                    checkpoint_keeping_stats, hooked,
+                    log_uniform_temperatures, spatial_check, state_dtype)
 
 # exp(min(|K| * s, MAX_LOG_WEIGHT)): the authors' clamp of the layer weights.
 MAX_LOG_WEIGHT = 10.0
@@ -123,15 +123,19 @@ class KCLAStateAdapter(BaseModule):
             raise ValueError(f'KCLAStateAdapter: the incoming state has '
                              f'{state.u.shape[1]} channels, expected '
                              f'in_channels={self.in_channels}')
-        s = self.stride
-        # U / Z (no eps, the authors' Algorithm 1), only at the pixels the
-        # strided 1x1 conv reads
+        # a conv with hooks is called (on all of A), else a matmul over
+        # the pixels it reads
+        conv_called = hooked(self.conv)
+        s = 1 if conv_called else self.stride
+        # U / Z (no eps, the authors' Algorithm 1)
         a = KCLAState(state.u[:, :, ::s, ::s], state.z).aggregate()
         if self.resize and tuple(a.shape[2:]) != tuple(size):
             a = F.interpolate(a, size=size, mode='bilinear',
                               align_corners=False)
         if self.conv is not None:
-            a = grouped_pointwise(a.to(self.conv.weight.dtype), self.conv)
+            a = a.to(self.conv.weight.dtype)
+            a = self.conv(a) if conv_called else grouped_pointwise(
+                a, self.conv)
         a = self.norm(a).to(state.u.dtype)
         key = eca_project(self.k_conv, a.mean((2, 3)), num_heads)
         return a, key
@@ -139,9 +143,11 @@ class KCLAStateAdapter(BaseModule):
     def folds(self) -> bool:
         """Whether :meth:`folded_state` applies: a BatchNorm2d with affine
         parameters (batch or running statistics), no resize; not where
-        :func:`torch_ops_only`."""
+        :func:`torch_ops_only`, nor where the submodules it does not call
+        have hooks (:func:`hooked`)."""
         return (not self.resize and plain_affine_bn(self.norm)
-                and not torch_ops_only())
+                and not torch_ops_only()
+                and not hooked(self.conv, self.norm, self.k_conv))
 
     def folded_state(self, state: KCLAState, num_heads: int,
                      norm_d: Tensor,
@@ -247,8 +253,13 @@ class KCLALayer(BaseModule):
     whose successor continues its state) makes the fused training path drop
     this layer's U from the saved tensors: the successor recovers it in
     backward as U_next - w X, so training memory for the state is one buffer
-    per chain, independent of depth. The successor must then run the fused
-    training path too.
+    per chain, independent of depth. A successor on PyTorch ops (or with
+    an adapter) keeps the state for it instead.
+
+    Submodules with hooks (their own or global: :func:`hooked`) are called
+    as modules, so the hooks see their calls: the fused kernels and the
+    matmul forms that read their weights step aside (FLOP counters that
+    hook every module, feature probes, ``torch.nn.utils.prune``).
 
     Args:
         channels (int): C, the block's output channels.
@@ -448,10 +459,19 @@ class KCLALayer(BaseModule):
 
     def _use_fused_branch(self, x: Tensor) -> bool:
         """Fused kernels for steps 4-8 (float32 BN layers, extension built,
-        not :func:`torch_ops_only`)."""
+        not :func:`torch_ops_only`, no hooks on the modules they do not
+        call: :func:`hooked`)."""
         return (self._impl() != 'torch'
                 and x.dtype in (torch.float32, torch.float64)
-                and branch_supported(x, self.norm))
+                and branch_supported(x, self.norm)
+                and not hooked(self.v_conv, self.norm, self.drop_path))
+
+    def _fuses_heads(self, x: Tensor) -> bool:
+        """Whether the heads run as one op where the branch is fused: a
+        device with the extension's layer ops, no hooks on the query, key
+        and gate modules."""
+        return layer_supported(x) and not hooked(self.q_conv, self.k_conv,
+                                                 self.gate)
 
     def folds_tail_norm(self, x: Tensor,
                         tail_norm: Optional[nn.Module] = None) -> bool:
@@ -459,11 +479,13 @@ class KCLALayer(BaseModule):
         tensor of its dtype and device) runs the whole layer as one
         :func:`kcla_layer_inference` call, folding ``tail_norm`` (None:
         nothing to fold) into it: eval-mode BatchNorms, no grad, no active
-        drop-path, a device the extension's layer op supports."""
+        drop-path, a device the extension's layer op supports, no hooks on
+        the modules it does not call (:func:`hooked`)."""
         return (not torch.is_grad_enabled() and self._use_fused_branch(x)
+                and self._fuses_heads(x)
                 and foldable_bn(self.norm) and not self._drops_path()
-                and layer_supported(x)
-                and (tail_norm is None or foldable_bn(tail_norm)))
+                and (tail_norm is None or (foldable_bn(tail_norm)
+                                           and not hooked(tail_norm))))
 
     def _layer_inference(self, x: Tensor, state: Optional[KCLAState],
                          shortcut: Optional[Tensor],
@@ -593,7 +615,7 @@ class KCLALayer(BaseModule):
                     x = F.relu(x, inplace=True)
                 pooled = x.to(dtype).mean((2, 3))
             u, z = self._initial_state(x, state)
-            if fused and layer_supported(x):  # the heads in one op
+            if fused and self._fuses_heads(x):  # the heads in one op
                 weight, z, gate = kcla_heads(
                     pooled, z, self.q_conv.weight, self.k_conv.weight,
                     self.norm_d, self.gate.weight, self.key_eps,
@@ -605,16 +627,17 @@ class KCLALayer(BaseModule):
                 relevance = (query * key).sum(-1) / key.norm(
                     dim=-1).clamp_min(self.key_eps)
                 gate = torch.sigmoid(
+                    self.gate(relevance.to(self.gate.weight.dtype)).to(dtype)
+                    if hooked(self.gate) else
                     F.linear(relevance, self.gate.weight.to(dtype)))
                 z = weight if z is None else z + weight
             tape_in = None if state is None else state.tape
             if tape_in is not None and (self.adapter is not None
                                         or not fused):
-                raise RuntimeError(
-                    f'{type(self).__name__}: the previous layer did not save '
-                    'its state (invert_state=True), so this layer must '
-                    'continue it on the fused training path; set '
-                    'invert_state=False on the previous layer')
+                # the previous layer did not save its state (invert_state),
+                # and this one does not invert it: keep it for that backward
+                tape_in.saved = state.u
+                tape_in = None
             if fused:
                 out, new_state = self._fused_branch(x_in, u, weight, z, gate,
                                                     tape_in, relu_input,

@@ -13,8 +13,9 @@ class KCLAState(NamedTuple):
         u (Tensor): U = sum_s w_s * X^s, (B, C, H, W), float32.
         z (Tensor): Z = sum_s w_s, (B, G), float32, one entry per head.
         tape (StateTape, optional): set when the layer that produced ``u``
-            did not save it for backward; the next layer must continue the
-            state on the fused training path and hand ``u`` back.
+            did not save it for backward; the next layer hands ``u`` back
+            (inverting its own update on the fused training path, else
+            keeping ``u``).
     """
     u: Tensor
     z: Tensor

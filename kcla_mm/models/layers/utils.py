@@ -11,6 +11,7 @@ import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
 from mmengine.registry import MODELS
 from torch import Tensor
+from torch.nn.modules import module as nn_module
 from torch.nn.modules.batchnorm import _BatchNorm
 
 
@@ -41,6 +42,22 @@ def autocast_off(device_type: str):
             torch.is_autocast_enabled(device_type):
         return torch.autocast(device_type=device_type, enabled=False)
     return contextlib.nullcontext()
+
+
+def hooked(*modules: Optional[nn.Module]) -> bool:
+    """Whether calling one of ``modules`` (None: none) would run hooks:
+    forward or backward hooks of its own, or global module hooks (the test
+    ``nn.Module.__call__`` makes). KCLA then calls such a module instead of
+    reading its weights (fused kernels, matmul forms), so that the hooks
+    see the calls they wait for: hook-based FLOP counters, feature probes,
+    ``torch.nn.utils.prune``'s per-call weight."""
+    if nn_module._has_any_global_hook():
+        return True
+    for m in modules:
+        if m is not None and (m._forward_hooks or m._forward_pre_hooks
+                              or m._backward_hooks or m._backward_pre_hooks):
+            return True
+    return False
 
 
 def check_feature(x: Tensor, channels: int, owner: str) -> None:
