@@ -17,6 +17,7 @@ import torch.nn.utils.parametrize as parametrize
 import torch.nn.utils.prune as prune
 from mmcv.cnn import get_model_complexity_info
 
+from kcla_mm.models import ResNetKCLA
 from kcla_mm.ops import has_device_impl
 from .test_resnet_kcla_impls import fused_and_torch
 
@@ -113,6 +114,33 @@ def test_global_hook_sees_every_kcla_submodule():
                 assert called.count(f'{layers}.{i}.{sub}') == 1, (
                     f'{layers}.{i}.{sub}')
     assert called.count('layer2_attn.0.adapter.conv') == 1
+
+
+@pytest.mark.parametrize('train', [False, True], ids=['eval', 'train'])
+def test_block_relu_hook_sees_all_three_calls(train):
+    """A Bottleneck calls its ReLU three times (mmdet's too); a KCLA layer
+    applies the block's last ReLU itself unless that ReLU has a hook."""
+    fused, _ = float64_pair()
+    plain = ResNetKCLA(50, base_channels=16, head_dim=16, norm_eval=False,
+                       layer_attention=None).double()
+    x = torch.rand(2, 3, 64, 64, dtype=torch.float64)
+    expected = run(fused, x, train)
+    outs, seen = {}, {}
+    for name, model in (('kcla', fused), ('plain', plain)):
+        calls = seen[name] = []
+        model.layer2[1].relu.register_forward_hook(
+            lambda mod, args, out, calls=calls: calls.append(out.clone()))
+        outs[name] = run(model, x, train)
+    assert len(seen['kcla']) == len(seen['plain']) == 3
+    # the last call gives the block's output, the KCLA layer's input
+    layer_inputs = []
+    fused.layer2_attn[1].register_forward_pre_hook(
+        lambda mod, args: layer_inputs.append(args[0].clone()))
+    run(fused, x, train)
+    torch.testing.assert_close(seen['kcla'][2], layer_inputs[0], rtol=1e-10,
+                               atol=1e-10)
+    for a, b in zip(outs['kcla'], expected):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
 class Mask(nn.Module):

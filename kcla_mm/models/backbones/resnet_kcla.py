@@ -13,7 +13,7 @@ from ..layers import KCLALayer, LayerAttention, MRLALight
 from ..layers.utils import (check_layer_cfg, check_positive_float,
                             check_positive_int, check_probability,
                             check_temperature_range,
-                            checkpoint_keeping_stats)
+                            checkpoint_keeping_stats, hooked)
 from .resnet_blocks import (BasicBlock, Bottleneck, block_shortcut,
                             make_res_layer)
 
@@ -503,12 +503,16 @@ class ResNetKCLA(BaseModule):
             return checkpoint_keeping_stats(attn, attn, *args)
         return attn(*args)
 
-    def _fuses_tail(self, attn: Optional[nn.Module]) -> bool:
-        """Whether ``attn`` applies its block's shortcut add and final ReLU
+    def _fuses_tail(self, block: nn.Module,
+                    attn: Optional[nn.Module]) -> bool:
+        """Whether ``attn`` applies ``block``'s shortcut add and final ReLU
         itself: KCLA layers do (fused with their pooling, so the ReLU
         output is never saved for backward), except under with_cp, where
-        the checkpointed attention must not overwrite its input."""
-        return isinstance(attn, KCLALayer) and not self.with_cp
+        the checkpointed attention must not overwrite its input, and where
+        the block's ReLU has hooks (:func:`hooked`: the block then calls it
+        for its final ReLU too, as mmdet's blocks do)."""
+        return (isinstance(attn, KCLALayer) and not self.with_cp
+                and not hooked(block.relu))
 
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
         """(B, in_channels, H, W) -> one (B, C_i, H_i, W_i) per out
@@ -530,7 +534,7 @@ class ResNetKCLA(BaseModule):
                 if getattr(attn, 'needs_identity', False):  # MRLA-light
                     # computed once, shared by the block and the attention
                     identity = block_shortcut(block, x, None)
-                if self._fuses_tail(attn):
+                if self._fuses_tail(block, attn):
                     # the layer applies the block's last norm, or folds it
                     # into its one-call inference op
                     tail_norm = block.last_norm if block.defers_last_norm \
