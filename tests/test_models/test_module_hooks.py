@@ -94,7 +94,7 @@ def test_backward_hook_on_the_depthwise_conv():
 
 
 def test_global_hook_sees_every_kcla_submodule():
-    fused, reference = float64_pair()
+    fused, _ = float64_pair()
     x = torch.rand(2, 3, 64, 64, dtype=torch.float64)
     expected = run(fused, x, train=False)
     names = {m: n for n, m in fused.named_modules()}
