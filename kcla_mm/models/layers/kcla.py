@@ -125,7 +125,7 @@ class KCLAStateAdapter(BaseModule):
                              f'in_channels={self.in_channels}')
         # a conv with hooks is called (on all of A), else a matmul over
         # the pixels it reads
-        conv_called = hooked(self.conv)
+        conv_called = self.conv is not None and hooked(self.conv)
         s = 1 if conv_called else self.stride
         # U / Z (no eps, the authors' Algorithm 1)
         a = KCLAState(state.u[:, :, ::s, ::s], state.z).aggregate()
