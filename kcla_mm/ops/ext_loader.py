@@ -12,13 +12,16 @@ from typing import Iterable, Optional, Tuple
 import torch
 from torch.autograd import forward_ad
 
+from .fused_backward import BATCHED_GRAD_ERROR, SECOND_ORDER_ERROR
+
 EXT_NAME = 'kcla_mm._ext'
 EXT_FUNCS = ('device_types', 'kcla_state_forward', 'kcla_state_backward',
              'kcla_relu_pool_forward', 'kcla_relu_pool_backward',
              'kcla_branch_stats', 'kcla_branch_forward', 'kcla_branch_apply',
              'kcla_branch_bn_sums', 'kcla_branch_backward',
              'kcla_layer_inference', 'kcla_heads_forward',
-             'kcla_heads_backward')
+             'kcla_heads_backward', 'set_fused_backward_errors',
+             'kcla_relu_pool_autograd', 'kcla_branch_autograd')
 
 
 def load_ext(name: str = EXT_NAME,
@@ -49,11 +52,13 @@ def load_ext(name: str = EXT_NAME,
 def get_ext() -> Optional[ModuleType]:
     """The loaded extension, or None (with one warning) if unavailable."""
     try:
-        return load_ext(EXT_NAME)
+        ext = load_ext(EXT_NAME)
     except ImportError as e:
         warnings.warn(f'{e} Falling back to the pure-PyTorch KCLA ops.',
                       RuntimeWarning, stacklevel=2)
         return None
+    ext.set_fused_backward_errors(SECOND_ORDER_ERROR, BATCHED_GRAD_ERROR)
+    return ext
 
 
 def ext_device_types(group: str = 'state') -> Tuple[str, ...]:

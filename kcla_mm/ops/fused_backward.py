@@ -1,7 +1,10 @@
 """What the fused ops' backwards cannot do, as errors that name the way
 out: they are first order only (a gradient taken with
 ``create_graph=True`` cannot be differentiated again through them) and
-take one gradient at a time (no batched gradients)."""
+take one gradient at a time (no batched gradients). The C++ autograd ops
+of the branch (``csrc/pytorch/kcla_branch_autograd.cpp``) guard their
+backwards the same way, with these messages, which
+:func:`~kcla_mm.ops.ext_loader.get_ext` hands them."""
 import functools
 from typing import Callable
 

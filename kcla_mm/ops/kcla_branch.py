@@ -28,8 +28,10 @@ layer (with its tail op and heads) in one call, sample by sample. Where
 the device has the ``'layer'`` kernels (the CPU), :func:`kcla_branch`'s
 forward and backward are one call each (BN's statistics, their fold and
 the gradient sums inside); elsewhere (CUDA) one kernel per pass, with
-that glue in torch. All run the kernels of ``kcla_mm._ext``
-(float32/float64); callers check :func:`branch_supported` (and
+that glue in ATen. All run the kernels of ``kcla_mm._ext``
+(float32/float64), the autograd ops as C++ Functions
+(``csrc/pytorch/kcla_branch_autograd.cpp``), which call the tapes' and
+handoffs' methods; callers check :func:`branch_supported` (and
 :func:`layer_supported`).
 """
 from typing import Optional, Tuple
@@ -38,10 +40,8 @@ import torch
 import torch.nn as nn
 from mmengine.model.utils import _BatchNormXd
 from torch import Tensor
-from torch.autograd import Function
 
 from .ext_loader import get_ext, has_device_impl
-from .fused_backward import fused_backward
 from .kcla_heads import as_operand, head_params
 
 
@@ -151,57 +151,17 @@ def relu_pool(s: Tensor,
     """``x = ReLU(s + residual)`` in place and ``x.mean((2, 3))``,
     (B, C, H, W) -> ((B, C, H, W), (B, C)); ``s`` (and ``residual``, if
     given: a block's shortcut) must be contiguous; ``s`` is overwritten.
-    ``handoff``: where the op consuming ``x`` hands its gradient of ``x``
-    back through it, backward writes the gradient of ``s`` over it (on
-    devices with the ``'layer'`` kernels)."""
+    With autograd it saves only the ReLU's bit mask. ``handoff``: where the
+    op consuming ``x`` hands its gradient of ``x`` back through it, backward
+    writes the gradient of ``s`` over it (on devices with the ``'layer'``
+    kernels)."""
     if torch.is_grad_enabled() and (s.requires_grad or (
             residual is not None and residual.requires_grad)):
-        return ReLUPoolFunction.apply(s, residual, handoff)
+        return tuple(get_ext().kcla_relu_pool_autograd(
+            s, residual, handoff, layer_supported(s)))
     pooled = s.new_empty(s.shape[:2])
     get_ext().kcla_relu_pool_forward(s, residual, None, pooled)
     return s, pooled
-
-
-def _bit_mask(x: Tensor) -> Tensor:
-    """An uninitialised (B, C, ceil(H * W / 8)) uint8 mask for ``x``."""
-    b, c, h, w = x.shape
-    return x.new_empty((b, c, (h * w + 7) // 8), dtype=torch.uint8)
-
-
-class ReLUPoolFunction(Function):
-    """Autograd op of :func:`relu_pool`; saves only the ReLU's bit mask."""
-
-    @staticmethod
-    def forward(ctx, s: Tensor, residual: Optional[Tensor],
-                handoff: Optional[GradHandoff]) -> Tuple[Tensor, Tensor]:
-        mask = _bit_mask(s)
-        pooled = s.new_empty(s.shape[:2])
-        get_ext().kcla_relu_pool_forward(s, residual, mask, pooled)
-        ctx.mark_dirty(s)
-        ctx.has_residual = residual is not None
-        ctx.handoff = handoff
-        ctx.save_for_backward(mask)
-        ctx.size = s.shape
-        ctx.set_materialize_grads(False)
-        return s, pooled
-
-    @staticmethod
-    @fused_backward
-    def backward(ctx, grad_x: Optional[Tensor],
-                 grad_pooled: Optional[Tensor]) -> tuple:
-        mask, = ctx.saved_tensors
-        owned = ctx.handoff is not None and ctx.handoff.owns(grad_x)
-        if grad_x is None and grad_pooled is None:
-            return None, None, None
-        ref = grad_x if grad_x is not None else grad_pooled
-        grad_x = ref.new_zeros(ctx.size) if grad_x is None else \
-            grad_x.contiguous()
-        grad_pooled = ref.new_zeros(ctx.size[:2]) if grad_pooled is None \
-            else grad_pooled.contiguous()
-        grad_s = grad_x if owned and layer_supported(grad_x) else \
-            torch.empty_like(grad_x)
-        get_ext().kcla_relu_pool_backward(grad_x, grad_pooled, mask, grad_s)
-        return grad_s, grad_s if ctx.has_residual else None, None
 
 
 def running_stats_momentum(norm: nn.BatchNorm2d) -> Optional[float]:
@@ -226,16 +186,6 @@ def update_running_stats(norm: nn.BatchNorm2d, mean: Tensor, var: Tensor,
         momentum * mean.to(norm.running_mean.dtype))
     norm.running_var.mul_(1 - momentum).add_(
         momentum * var.to(norm.running_var.dtype) * n / max(n - 1, 1))
-
-
-def _combine_plane_stats(stats: Tensor, hw: int) -> Tuple[Tensor, Tensor]:
-    """Channel mean and biased variance from per-plane (mean, M2), (B, C, 2)
-    (Chan et al.'s parallel combination, in float64)."""
-    stats = stats.double()
-    plane_mean, m2 = stats[..., 0], stats[..., 1]
-    mean = plane_mean.mean(0)
-    m2 = m2.sum(0) + hw * (plane_mean - mean).square().sum(0)
-    return mean, m2 / (stats.shape[0] * hw)
 
 
 def bn_params(norm: nn.BatchNorm2d, dtype: torch.dtype) -> Tuple[Tensor, ...]:
@@ -266,161 +216,6 @@ def _folded_bn(norm: nn.BatchNorm2d, mean: Tensor, var: Tensor,
     scale = norm.weight.to(dtype) * invstd
     shift = norm.bias.to(dtype) - mean.to(dtype) * scale
     return invstd, scale.contiguous(), shift.contiguous()
-
-
-class KCLABranchFunction(Function):
-    """Autograd op of the whole branch; see the module docstring."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, u: Optional[Tensor], w: Tensor, z: Tensor,
-                gate: Tensor, weight: Tensor, bn_weight: Tensor,
-                bn_bias: Tensor, keep: Tensor, norm: nn.BatchNorm2d,
-                use_batch_stats: bool, eps: float,
-                tape_in: Optional[StateTape], tape_out: Optional[StateTape],
-                save_u: bool, out_in_place: bool,
-                x_handoff: Optional[GradHandoff]) -> Tuple[Tensor, Tensor]:
-        ext = get_ext()
-        b, c, h, w_ = x.shape
-        # a state handed over by tape is this chain's own buffer: updated
-        # in place, as backward inverts it in place
-        state_in_place = tape_in is not None and not save_u
-        u_next = u if state_in_place else torch.empty_like(x)
-        out = x if out_in_place else torch.empty_like(x)
-        mask = _bit_mask(x)
-        # the one-call kernels of the 'layer' group, where the running
-        # statistics (if any) have x's dtype
-        ctx.one_call = layer_supported(x) and (
-            norm.running_mean is None or norm.running_mean.dtype == x.dtype)
-        if use_batch_stats and ctx.one_call:
-            mean, invstd, scale, shift = x.new_empty((4, c)).unbind(0)
-            momentum = running_stats_momentum(norm)
-            running = (None, None) if momentum is None else \
-                (norm.running_mean, norm.running_var)
-            ext.kcla_branch_train_forward(
-                x, u, w, z, gate, weight, as_operand(bn_weight, x.dtype),
-                as_operand(bn_bias, x.dtype), *running, keep, u_next, out,
-                mask, mean, invstd, scale, shift, momentum or 0.0, norm.eps,
-                eps)
-        elif use_batch_stats:
-            stats = x.new_empty((b, c, 2))
-            ext.kcla_branch_stats(x, u, w, z, gate, weight, u_next, stats, eps)
-            mean, var = _combine_plane_stats(stats, h * w_)
-            update_running_stats(norm, mean, var, b * h * w_)
-            invstd, scale, shift = _folded_bn(norm, mean, var, x.dtype)
-            ext.kcla_branch_apply(x, u_next, z, gate, weight, scale, shift,
-                                  keep, out, mask, eps)
-        else:
-            mean = norm.running_mean
-            invstd, scale, shift = _folded_bn(norm, mean, norm.running_var,
-                                              x.dtype)
-            ext.kcla_branch_forward(x, u, w, z, gate, weight, scale, shift,
-                                    keep, u_next, out, mask, eps)
-        dirty = ([x] if out_in_place else []) + \
-            ([u] if state_in_place else [])
-        if dirty:
-            ctx.mark_dirty(*dirty)
-        ctx.save_for_backward(out, u_next if tape_out is None else None, w, z,
-                              gate, weight, keep, mask,
-                              as_operand(mean, x.dtype), invstd, scale,
-                              shift, u if save_u else None)
-        ctx.set_materialize_grads(False)
-        ctx.tape_in = tape_in
-        ctx.tape_out = tape_out
-        ctx.x_handoff = x_handoff
-        ctx.has_u = u is not None
-        ctx.use_batch_stats = use_batch_stats
-        ctx.eps = eps
-        ctx.bn_dtype = bn_weight.dtype
-        return out, u_next
-
-    @staticmethod
-    @fused_backward
-    def backward(ctx, grad_out: Optional[Tensor],
-                 grad_u_next: Optional[Tensor]) -> tuple:
-        (out, u_next, w, z, gate, weight, keep, mask, mean, invstd, scale,
-         shift, saved_u) = ctx.saved_tensors
-        owned = ctx.tape_out is not None
-        writable = False
-        if owned:
-            u_next, writable = ctx.tape_out.take()
-        ext = get_ext()
-        grad_out = torch.zeros_like(out) if grad_out is None else \
-            grad_out.contiguous()
-        if grad_u_next is not None:
-            grad_u_next = grad_u_next.contiguous()
-        invert = saved_u is None and ctx.tape_in is not None
-        u_prev = (u_next if writable else torch.empty_like(u_next)) \
-            if invert else None
-        grad_x = torch.empty_like(out)
-        # the successor's own gradient of u_next: overwritten with grad_u
-        grad_u_owned = owned and ctx.tape_out.grad_u.owns(grad_u_next)
-        grad_u = None
-        if ctx.has_u and ctx.needs_input_grad[1]:
-            grad_u = grad_u_next if grad_u_owned and ctx.one_call else \
-                torch.empty_like(out)
-        if ctx.one_call:
-            grad_w, grad_z, grad_gate = w.new_empty((3, ) + w.shape).unbind(0)
-            grad_weight = torch.empty_like(weight)
-            sum_grad_xhat, sum_grad = scale.new_empty((2, ) +
-                                                      scale.shape).unbind(0)
-            ext.kcla_branch_train_backward(
-                grad_out, grad_u_next, out, u_next, w, z, gate, weight, scale,
-                shift, keep, mask, mean, invstd, grad_x, grad_u, u_prev,
-                grad_w, grad_z, grad_gate, grad_weight, sum_grad_xhat,
-                sum_grad, ctx.use_batch_stats, ctx.eps)
-        else:
-            (grad_w, grad_z, grad_gate, grad_weight, sum_grad_xhat,
-             sum_grad) = _branch_backward_per_kernel(
-                 ctx, grad_out, grad_u_next, out, u_next, w, z, gate, weight,
-                 keep, mask, mean, invstd, scale, shift, grad_x, grad_u,
-                 u_prev)
-        if saved_u is not None:  # hand the previous layer its state
-            ctx.tape_in.hand(saved_u, writable=False)
-        elif invert:  # ... recovered by inverting the running sum
-            ctx.tape_in.hand(u_prev, writable=True)
-        if ctx.tape_in is not None:
-            ctx.tape_in.grad_u.give(grad_u)
-        if ctx.x_handoff is not None:
-            ctx.x_handoff.give(grad_x)
-        return (grad_x, grad_u, grad_w, grad_z, grad_gate, grad_weight,
-                sum_grad_xhat.to(ctx.bn_dtype), sum_grad.to(ctx.bn_dtype),
-                None, None, None, None, None, None, None, None, None)
-
-
-def _branch_backward_per_kernel(ctx, grad_out, grad_u_next, out, u_next, w,
-                                z, gate, weight, keep, mask, mean, invstd,
-                                scale, shift, grad_x, grad_u, u_prev) -> tuple:
-    """KCLABranchFunction's backward with one kernel per pass (devices
-    without the 'layer' group) and the reductions in torch; returns the
-    gradients of w, z, gate, weight and BN's weight and bias."""
-    ext = get_ext()
-    b, c, h, w_ = out.shape
-    n = b * h * w_
-    if ctx.use_batch_stats:  # the batch statistics depend on o
-        bn_sums = out.new_empty((b, c, 2))
-        ext.kcla_branch_bn_sums(grad_out, u_next, z, gate, weight, keep,
-                                mask, mean, bn_sums, ctx.eps)
-        sum_grad, sum_grad_centered = bn_sums.sum(0).unbind(-1)
-        sum_grad_xhat = invstd * sum_grad_centered
-        alpha = (-scale * sum_grad / n).contiguous()
-        beta = (-scale * invstd * sum_grad_xhat / n).contiguous()
-    else:
-        alpha = beta = torch.zeros_like(scale)
-    plane_bn_sums = out.new_empty((b, c, 2))
-    head_sums = out.new_empty((b, c, 3))
-    weight_sums = out.new_empty((b, c, 9))
-    ext.kcla_branch_backward(grad_out, grad_u_next, out, u_next, w, z, gate,
-                             weight, scale, shift, keep, mask, alpha, beta,
-                             mean, grad_x, grad_u, u_prev, plane_bn_sums,
-                             head_sums, weight_sums, ctx.eps)
-    if not ctx.use_batch_stats:
-        sum_grad, sum_grad_centered = plane_bn_sums.sum(0).unbind(-1)
-        sum_grad_xhat = invstd * sum_grad_centered
-    g = w.shape[1]
-    grad_w, grad_z, grad_gate = head_sums.view(b, g, c // g, 3).sum(
-        2).unbind(-1)
-    grad_weight = weight_sums.sum(0).view_as(weight)
-    return grad_w, grad_z, grad_gate, grad_weight, sum_grad_xhat, sum_grad
 
 
 def kcla_branch(x: Tensor,
@@ -460,12 +255,18 @@ def kcla_branch(x: Tensor,
     if tape_out is not None:
         tape_out.z_floor = z if tape_in is None or save_u else \
             tape_in.z_floor
-    return KCLABranchFunction.apply(
+    # the one-call kernels of the 'layer' group, where the running
+    # statistics (if any) have x's dtype
+    one_call = layer_supported(x) and (norm.running_mean is None or
+                                       norm.running_mean.dtype == dtype)
+    return tuple(get_ext().kcla_branch_autograd(
         x, None if u is None else u.contiguous(), as_operand(w, dtype),
         as_operand(z, dtype), as_operand(gate, dtype),
         as_operand(weight, dtype), norm.weight, norm.bias,
-        as_operand(keep, dtype), norm, use_batch_stats, float(eps),
-        tape_in, tape_out, save_u, out_in_place, x_handoff)
+        as_operand(keep, dtype), norm.running_mean, norm.running_var,
+        running_stats_momentum(norm) if use_batch_stats else None,
+        use_batch_stats, one_call, norm.eps, float(eps), tape_in, tape_out,
+        save_u, out_in_place, x_handoff))
 
 
 def kcla_branch_inference(x: Tensor,

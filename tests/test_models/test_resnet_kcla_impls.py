@@ -28,13 +28,13 @@ PATHS = ['cpu', 'cpu_gpu_dispatch', CUDA]
 LAYER_OPS = ('kcla_branch_train_forward', 'kcla_branch_train_backward',
              'kcla_layer_inference', 'kcla_heads_forward',
              'kcla_heads_backward', 'kcla_adapter_inference')
-# the per-kernel ops each path must run instead
+# the per-kernel ops each path must run instead (in training the autograd
+# ops, which call their kernels in C++: the branch's with one_call False)
 GPU_DISPATCH_OPS = {
     'inference': {'kcla_relu_pool_forward', 'kcla_branch_forward'},
-    'training': {'kcla_relu_pool_forward', 'kcla_relu_pool_backward',
-                 'kcla_branch_stats', 'kcla_branch_apply',
-                 'kcla_branch_bn_sums', 'kcla_branch_backward'},
+    'training': {'kcla_relu_pool_autograd', 'kcla_branch_autograd'},
 }
+ONE_CALL_ARG = 13  # kcla_branch_autograd's one_call (pybind.cpp)
 
 # Float32 round-off grows over the 16 blocks (each op agrees to 1e-5,
 # tests/test_ops); on an H200 the stage outputs differed by up to 2.2e-5
@@ -75,8 +75,16 @@ def take_path(path, monkeypatch):
 
     for name in LAYER_OPS:
         monkeypatch.setattr(ext, name, refused(name))
-    return 'cpu', count_calls(set().union(*GPU_DISPATCH_OPS.values()),
-                              monkeypatch)
+    calls = count_calls(set().union(*GPU_DISPATCH_OPS.values()), monkeypatch)
+    branch = ext.kcla_branch_autograd
+
+    def per_kernel_branch(*args):
+        assert not args[ONE_CALL_ARG], \
+            "the branch took the one-call kernels of the 'layer' group"
+        return branch(*args)
+
+    monkeypatch.setattr(ext, 'kcla_branch_autograd', per_kernel_branch)
+    return 'cpu', calls
 
 
 def fused_and_torch(device, depth=50, **kwargs):
@@ -142,7 +150,7 @@ def test_sync_bn_reverted_by_mmengine_takes_fused_path(monkeypatch):
                      kcla_impl='torch').double()
     ref.load_state_dict(fused.state_dict())
     calls = count_calls(
-        ('kcla_branch_train_forward', 'kcla_layer_inference'), monkeypatch)
+        ('kcla_branch_autograd', 'kcla_layer_inference'), monkeypatch)
     x = torch.rand(2, 3, 64, 64, dtype=torch.float64)
     for a, b in zip(train_step(fused, x), train_step(ref, x)):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
@@ -150,5 +158,4 @@ def test_sync_bn_reverted_by_mmengine_takes_fused_path(monkeypatch):
         for a, b in zip(fused.eval()(x), ref.eval()(x)):
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
     # one call per KCLA layer (16) in each
-    assert calls == {'kcla_branch_train_forward': 16,
-                     'kcla_layer_inference': 16}
+    assert calls == {'kcla_branch_autograd': 16, 'kcla_layer_inference': 16}

@@ -9,8 +9,11 @@ batched gradients (``is_grads_batched=True``, a vectorized jacobian) raise.
 import pytest
 import torch
 
+import kcla_mm.ops.kcla_branch as kcla_branch_mod
 from kcla_mm.ops import has_device_impl, kcla_state_update
+from kcla_mm.ops.kcla_branch import GradHandoff, kcla_branch, relu_pool
 from ..test_models.test_resnet_kcla_impls import fused_and_torch
+from .test_kcla_branch import make_case
 
 pytestmark = pytest.mark.skipif(
     not has_device_impl('cpu', 'branch'),
@@ -105,3 +108,34 @@ def test_batched_gradients_raise_and_torch_path_computes_them():
                                atol=1e-14)
     torch.testing.assert_close(fused_rows, reference_rows, rtol=1e-10,
                                atol=1e-14)
+
+
+@pytest.mark.parametrize('one_call', [True, False])
+def test_branch_ops_first_order_and_unbatched(one_call, monkeypatch):
+    """relu_pool and kcla_branch (C++ autograd Functions, unlike the heads
+    and the state update) under create_graph=True give the plain backward's
+    gradients, which raise when differentiated; batched gradients raise."""
+    if not one_call:  # the per-kernel path, as devices without 'layer' run
+        monkeypatch.setattr(kcla_branch_mod, 'layer_supported',
+                            lambda x: False)
+    s, u, w, z, gate, weight, norm, keep = make_case(torch.float64)
+    w.requires_grad_()
+
+    def outputs(s):
+        handoff = GradHandoff()
+        x, pooled = relu_pool(s * 1.0, None, handoff)
+        out, u_next = kcla_branch(x, u, w, z, gate, weight, norm, keep,
+                                  out_in_place=True, x_handoff=handoff)
+        return out.square().sum() + u_next.sin().sum() + pooled.sum()
+
+    s = s.requires_grad_()
+    plain = torch.autograd.grad(outputs(s), (s, w))
+    guarded = torch.autograd.grad(outputs(s), (s, w), create_graph=True)
+    for a, b in zip(guarded, plain):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+        assert a.requires_grad
+    with pytest.raises(RuntimeError, match=REMEDY):
+        guarded[0].sum().backward()
+    with pytest.raises(RuntimeError, match=REMEDY):
+        torch.autograd.grad(outputs(s), s, torch.ones(2, dtype=s.dtype),
+                            is_grads_batched=True)

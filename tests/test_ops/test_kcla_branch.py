@@ -611,6 +611,18 @@ def test_gradient_handoffs_match_reference(x_used_twice):
     assert (grad_s.data_ptr() == handed[1].data_ptr()) != x_used_twice
 
 
+def test_backward_without_the_tapes_successor_names_the_way_out():
+    """A layer whose successor inverts its state saves no U: a loss on its
+    own output cannot reach it through the successor's backward, and its
+    backward (C++) raises the tape's error (Python) naming invert_state."""
+    x, u, w, z, gate, weight, norm, keep = make_case(torch.float64)
+    x.requires_grad_()
+    out, _ = kcla_branch(x, u, w, z, gate, weight, norm, keep, EPS,
+                         tape_out=StateTape())
+    with pytest.raises(RuntimeError, match='set invert_state=False'):
+        out.sum().backward()
+
+
 def test_baseline_and_avx2_kernels_agree():
     """The AVX2 + FMA copy of the CPU kernels (the default where the CPU has
     both) and the baseline copy (KCLA_CPU_ISA=base) give the same values

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "kcla_branch_autograd.hpp"
 #include "kcla_branch_impl.hpp"
 #include "kcla_state_impl.hpp"
 #include "pytorch_device_registry.hpp"
@@ -74,6 +75,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "grad_s = mask * (grad_x + grad_pooled / (H * W))",
         py::arg("grad_x"), py::arg("grad_pooled"), py::arg("mask"),
         py::arg("grad_s"));
+  m.def("set_fused_backward_errors", &set_fused_backward_errors,
+        "the messages the autograd ops' backwards raise",
+        py::arg("second_order"), py::arg("batched_grads"));
+  m.def("kcla_relu_pool_autograd", &kcla_relu_pool_autograd,
+        "relu_pool's autograd op: (x, pooled)", py::arg("s"),
+        py::arg("residual"), py::arg("handoff"), py::arg("grad_in_place"));
+  m.def("kcla_branch_autograd", &kcla_branch_autograd,
+        "the branch's autograd op: (out, u_next)", py::arg("x"),
+        py::arg("u"), py::arg("w"), py::arg("z"), py::arg("gate"),
+        py::arg("weight"), py::arg("bn_weight"), py::arg("bn_bias"),
+        py::arg("keep"), py::arg("running_mean"), py::arg("running_var"),
+        py::arg("momentum"), py::arg("use_batch_stats"), py::arg("one_call"),
+        py::arg("bn_eps"), py::arg("eps"), py::arg("tape_in"),
+        py::arg("tape_out"), py::arg("save_u"), py::arg("out_in_place"),
+        py::arg("x_handoff"));
   m.def("kcla_branch_stats", &kcla_branch_stats,
         "u_next = u + w x and per-plane (mean, M2) of "
         "o = gate * DWConv3x3(u_next / (z + eps))",
