@@ -204,8 +204,9 @@ void update_running_stats(at::Tensor running_mean, at::Tensor running_var,
             std::max<int64_t>(n - 1, 1));
 }
 
-// Forward of the branch with one kernel per pass (devices without the
-// 'layer' kernels); returns the saved (mean, invstd, scale, shift).
+// Forward of the branch with one kernel per pass: BN's batch statistics
+// on devices without the 'layer' kernels, and eval-mode BN (folded, one
+// pass) on every device; returns the saved (mean, invstd, scale, shift).
 std::vector<at::Tensor> branch_forward_per_kernel(
     const at::Tensor& x, const c10::optional<at::Tensor>& u,
     const at::Tensor& w, const at::Tensor& z, const at::Tensor& gate,
