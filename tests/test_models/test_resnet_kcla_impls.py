@@ -24,9 +24,10 @@ CUDA = pytest.param('cuda', marks=pytest.mark.skipif(
     reason='needs a GPU and kcla_mm._ext built with the CUDA branch kernels'))
 PATHS = ['cpu', 'cpu_gpu_dispatch', CUDA]
 
-# the extension's 'layer' group, which CUDA lacks (pybind.cpp)
-LAYER_OPS = ('kcla_branch_train_forward', 'kcla_branch_train_backward',
-             'kcla_layer_inference', 'kcla_heads_forward',
+# the ops of the extension's 'layer' group (which CUDA lacks, pybind.cpp)
+# that Python calls; the branch's one-call training kernels are called from
+# C++, so per_kernel_branch below checks its one_call argument instead
+LAYER_OPS = ('kcla_layer_inference', 'kcla_heads_forward',
              'kcla_heads_backward', 'kcla_adapter_inference')
 # the per-kernel ops each path must run instead (in training the autograd
 # ops, which call their kernels in C++: the branch's with one_call False)
