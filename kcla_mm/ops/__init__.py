@@ -1,6 +1,5 @@
 from .ext_loader import ext_device_types, get_ext, has_device_impl, load_ext
-from .kcla_state import (KCLAStateFunction, kcla_state_update,
-                         kcla_state_update_reference)
+from .kcla_state import kcla_state_update, kcla_state_update_reference
 
 
 def ext_available() -> bool:
@@ -10,6 +9,5 @@ def ext_available() -> bool:
 
 __all__ = [
     'ext_available', 'ext_device_types', 'get_ext', 'has_device_impl',
-    'load_ext', 'KCLAStateFunction', 'kcla_state_update',
-    'kcla_state_update_reference'
+    'load_ext', 'kcla_state_update', 'kcla_state_update_reference'
 ]

@@ -21,7 +21,8 @@ EXT_FUNCS = ('device_types', 'kcla_state_forward', 'kcla_state_backward',
              'kcla_branch_bn_sums', 'kcla_branch_backward',
              'kcla_layer_inference', 'kcla_heads_forward',
              'kcla_heads_backward', 'set_fused_backward_errors',
-             'kcla_relu_pool_autograd', 'kcla_branch_autograd')
+             'kcla_relu_pool_autograd', 'kcla_branch_autograd',
+             'kcla_heads_autograd', 'kcla_state_autograd')
 
 
 def load_ext(name: str = EXT_NAME,

@@ -9,63 +9,16 @@ temperatures ``norm_d`` (G,) and the gate's (G, G) weight::
     gate  = sigmoid(gate_weight @ (<Q_g, K_g> / max(|K_g|, key_eps)))
 
 :func:`kcla_heads` runs forward and backward in ``kcla_mm._ext`` (float32
-and float64) instead of some 20 small torch ops each way; callers check
+and float64) instead of some 20 small torch ops each way, as a C++
+autograd op (``csrc/pytorch/kcla_ops_autograd.cpp``); callers check
 :func:`kcla_mm.ops.kcla_branch.layer_supported`.
 """
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
-from torch.autograd import Function
 
 from .ext_loader import get_ext
-from .fused_backward import fused_backward
-
-
-class KCLAHeadsFunction(Function):
-    """Autograd op of :func:`kcla_heads`."""
-
-    @staticmethod
-    def forward(ctx, pooled: Tensor, z: Optional[Tensor], q_kernel: Tensor,
-                k_kernel: Tensor, norm_d: Tensor, gate_weight: Tensor,
-                key_eps: float, max_log_weight: float
-                ) -> Tuple[Tensor, Tensor, Tensor]:
-        b, g = pooled.shape[0], norm_d.shape[0]
-        w = pooled.new_empty((b, g))
-        z_next = pooled.new_empty((b, g))
-        gate = pooled.new_empty((b, g))
-        get_ext().kcla_heads_forward(pooled, z, q_kernel, k_kernel, norm_d,
-                                     gate_weight, w, z_next, gate, key_eps,
-                                     max_log_weight)
-        ctx.save_for_backward(pooled, q_kernel, k_kernel, norm_d,
-                              gate_weight, w, gate)
-        ctx.consts = (key_eps, max_log_weight)
-        ctx.has_z = z is not None
-        ctx.set_materialize_grads(False)
-        return w, z_next, gate
-
-    @staticmethod
-    @fused_backward
-    def backward(ctx, grad_w: Optional[Tensor], grad_z_next: Optional[Tensor],
-                 grad_gate: Optional[Tensor]) -> tuple:
-        pooled, q_kernel, k_kernel, norm_d, gate_weight, w, gate = \
-            ctx.saved_tensors
-        # z' = z + w: w's total gradient includes z''s
-        total = [t for t in (grad_w, grad_z_next) if t is not None]
-        grad_w = sum(total).contiguous() if total else w.new_zeros(w.shape)
-        grad_gate = gate.new_zeros(gate.shape) if grad_gate is None else \
-            grad_gate.contiguous()
-        grads = [pooled.new_empty(pooled.shape),
-                 q_kernel.new_empty(q_kernel.shape),
-                 k_kernel.new_empty(k_kernel.shape),
-                 gate_weight.new_empty(gate_weight.shape)]
-        get_ext().kcla_heads_backward(pooled, q_kernel, k_kernel, norm_d,
-                                      gate_weight, w, gate, grad_w, grad_gate,
-                                      *grads, *ctx.consts)
-        grad_pooled, grad_q, grad_k, grad_gate_weight = grads
-        grad_z = grad_z_next if ctx.has_z else None
-        return (grad_pooled, grad_z, grad_q, grad_k, None, grad_gate_weight,
-                None, None)
 
 
 def kcla_heads(pooled: Tensor, z: Optional[Tensor], q_kernel: Tensor,
@@ -77,10 +30,10 @@ def kcla_heads(pooled: Tensor, z: Optional[Tensor], q_kernel: Tensor,
     elements), ``gate_weight`` (G, G); ``norm_d`` (G,) is a constant. All
     are cast to ``pooled``'s dtype."""
     dtype = pooled.dtype
-    return KCLAHeadsFunction.apply(
+    return tuple(get_ext().kcla_heads_autograd(
         pooled.contiguous(), None if z is None else as_operand(z, dtype),
         *head_params(q_kernel, k_kernel, norm_d, gate_weight, dtype),
-        float(key_eps), float(max_log_weight))
+        float(key_eps), float(max_log_weight)))
 
 
 def as_operand(t: Tensor, dtype: torch.dtype) -> Tensor:

@@ -8,48 +8,17 @@ normaliser ``z`` (B, G) (= Z_prev + w, or w for the first layer)::
     agg    = u_next / (z + eps)
 
 Both outputs are (B, C, H, W). :func:`kcla_state_update` runs the compiled
-kernel of ``kcla_mm._ext`` when it implements the tensors' device, and
-:func:`kcla_state_update_reference` (plain PyTorch) otherwise.
+kernels of ``kcla_mm._ext`` (a C++ autograd op,
+``csrc/pytorch/kcla_ops_autograd.cpp``) when it implements the tensors'
+device, and :func:`kcla_state_update_reference` (plain PyTorch) otherwise.
 """
 from typing import Optional, Tuple
 
-import torch
 from torch import Tensor
-from torch.autograd import Function
 
 from .ext_loader import get_ext, has_device_impl, torch_ops_only
-from .fused_backward import fused_backward
 
 IMPLS = ('auto', 'fused', 'torch')
-
-
-class KCLAStateFunction(Function):
-    """Autograd wrapper of ``kcla_mm._ext.kcla_state_forward/backward``."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, u: Optional[Tensor], w: Tensor, z: Tensor,
-                eps: float) -> Tuple[Tensor, Tensor]:
-        ext = get_ext()
-        u_next = torch.empty_like(x)
-        agg = torch.empty_like(x)
-        ext.kcla_state_forward(x, u, w, z, u_next, agg, eps)
-        ctx.eps = eps
-        ctx.has_u = u is not None
-        ctx.save_for_backward(x, w, z, agg)
-        return u_next, agg
-
-    @staticmethod
-    @fused_backward
-    def backward(ctx, grad_u_next: Tensor, grad_agg: Tensor) -> tuple:
-        x, w, z, agg = ctx.saved_tensors
-        grad_x = torch.empty_like(x)
-        grad_u = torch.empty_like(x) if ctx.has_u else None
-        grad_w = torch.empty_like(w)
-        grad_z = torch.empty_like(z)
-        get_ext().kcla_state_backward(grad_u_next.contiguous(),
-                                      grad_agg.contiguous(), x, w, z, agg,
-                                      grad_x, grad_u, grad_w, grad_z, ctx.eps)
-        return grad_x, grad_u, grad_w, grad_z, None
 
 
 def kcla_state_update_reference(x: Tensor, u: Optional[Tensor], w: Tensor,
@@ -121,7 +90,8 @@ def kcla_state_update(x: Tensor,
         impl (str): ``'auto'`` (fused kernel when ``kcla_mm._ext``
             implements the device and not
             :func:`~kcla_mm.ops.ext_loader.torch_ops_only`; else PyTorch),
-            ``'fused'`` or ``'torch'``. Defaults to ``'auto'``.
+            ``'fused'`` (the kernel; an error where ``torch_ops_only``) or
+            ``'torch'``. Defaults to ``'auto'``.
 
     Returns:
         tuple[Tensor, Tensor]: ``u_next`` and ``agg``, both (B, C, H, W).
@@ -139,6 +109,12 @@ def kcla_state_update(x: Tensor,
             "kcla_state_update(impl='fused'): kcla_mm._ext has no "
             f"implementation for device '{x.device.type}' (built for "
             f'{list(get_ext().device_types()) if get_ext() else []})')
-    return KCLAStateFunction.apply(x.contiguous(),
-                                   None if u is None else u.contiguous(),
-                                   w.contiguous(), z.contiguous(), float(eps))
+    if torch_ops_only():  # the tracer would record empty outputs
+        raise RuntimeError(
+            "kcla_state_update(impl='fused'): the fused kernels cannot run "
+            'under torch.jit tracing, torch.export, a torch.func transform '
+            "or forward-mode AD; use impl='auto' (which then takes the "
+            "PyTorch path) or impl='torch'")
+    return tuple(get_ext().kcla_state_autograd(
+        x.contiguous(), None if u is None else u.contiguous(),
+        w.contiguous(), z.contiguous(), float(eps)))

@@ -25,10 +25,11 @@ CUDA = pytest.param('cuda', marks=pytest.mark.skipif(
 PATHS = ['cpu', 'cpu_gpu_dispatch', CUDA]
 
 # the ops of the extension's 'layer' group (which CUDA lacks, pybind.cpp)
-# that Python calls; the branch's one-call training kernels are called from
-# C++, so per_kernel_branch below checks its one_call argument instead
-LAYER_OPS = ('kcla_layer_inference', 'kcla_heads_forward',
-             'kcla_heads_backward', 'kcla_adapter_inference')
+# that Python calls (the heads' kernels through their autograd op); the
+# branch's one-call training kernels are called from C++, so
+# per_kernel_branch below checks its one_call argument instead
+LAYER_OPS = ('kcla_layer_inference', 'kcla_heads_autograd',
+             'kcla_adapter_inference')
 # the per-kernel ops each path must run instead (in training the autograd
 # ops, which call their kernels in C++: the branch's with one_call False)
 GPU_DISPATCH_OPS = {

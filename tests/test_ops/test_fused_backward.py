@@ -12,8 +12,10 @@ import torch
 import kcla_mm.ops.kcla_branch as kcla_branch_mod
 from kcla_mm.ops import has_device_impl, kcla_state_update
 from kcla_mm.ops.kcla_branch import GradHandoff, kcla_branch, relu_pool
+from kcla_mm.ops.kcla_heads import kcla_heads
 from ..test_models.test_resnet_kcla_impls import fused_and_torch
 from .test_kcla_branch import make_case
+from .test_kcla_heads import make_heads_case
 
 pytestmark = pytest.mark.skipif(
     not has_device_impl('cpu', 'branch'),
@@ -112,9 +114,9 @@ def test_batched_gradients_raise_and_torch_path_computes_them():
 
 @pytest.mark.parametrize('one_call', [True, False])
 def test_branch_ops_first_order_and_unbatched(one_call, monkeypatch):
-    """relu_pool and kcla_branch (C++ autograd Functions, unlike the heads
-    and the state update) under create_graph=True give the plain backward's
-    gradients, which raise when differentiated; batched gradients raise."""
+    """relu_pool and kcla_branch under create_graph=True give the plain
+    backward's gradients, which raise when differentiated; batched
+    gradients raise."""
     if not one_call:  # the per-kernel path, as devices without 'layer' run
         monkeypatch.setattr(kcla_branch_mod, 'layer_supported',
                             lambda x: False)
@@ -138,4 +140,41 @@ def test_branch_ops_first_order_and_unbatched(one_call, monkeypatch):
         guarded[0].sum().backward()
     with pytest.raises(RuntimeError, match=REMEDY):
         torch.autograd.grad(outputs(s), s, torch.ones(2, dtype=s.dtype),
+                            is_grads_batched=True)
+
+
+def heads_loss(pooled, z, q_kernel, k_kernel, norm_d, gate_weight):
+    w, z_next, gate = kcla_heads(pooled, z, q_kernel, k_kernel, norm_d,
+                                 gate_weight, 1e-6, 10.0)
+    return w.sin().sum() + z_next.square().sum() + gate.square().sum()
+
+
+def state_loss(x, u, w, z):
+    u_next, agg = kcla_state_update(x, w, z, u, impl='fused')
+    return u_next.sin().sum() + agg.square().sum()
+
+
+@pytest.mark.parametrize('loss,case', [
+    (heads_loss, lambda: make_heads_case(torch.float64)),
+    (state_loss, lambda: torch.rand(4, 2, 4, 3, 3, dtype=torch.float64)
+     .unbind(0)[:2] + (torch.rand(2, 2, dtype=torch.float64) + 0.5,
+                       torch.rand(2, 2, dtype=torch.float64) + 2)),
+], ids=['heads', 'state'])
+def test_heads_and_state_ops_first_order_and_unbatched(loss, case):
+    """kcla_heads and the fused state update (C++ autograd Functions like
+    the branch's) under create_graph=True give the plain backward's
+    gradients, which raise when differentiated; batched gradients raise."""
+    inputs = [t.clone().requires_grad_() for t in case()]
+    first = inputs[0]
+    plain = torch.autograd.grad(loss(*inputs), inputs[:2])
+    guarded = torch.autograd.grad(loss(*inputs), inputs[:2],
+                                  create_graph=True)
+    for a, b in zip(guarded, plain):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+        assert a.requires_grad
+    with pytest.raises(RuntimeError, match=REMEDY):
+        guarded[0].sum().backward()
+    with pytest.raises(RuntimeError, match=REMEDY):
+        torch.autograd.grad(loss(*inputs), first,
+                            torch.ones(2, dtype=first.dtype),
                             is_grads_batched=True)

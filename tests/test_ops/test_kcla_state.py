@@ -80,9 +80,30 @@ def test_auto_uses_extension_and_torch_path_agrees():
     x, u, w, z = make_inputs()
     auto = kcla_state_update(x, w, z, u)
     torch_path = kcla_state_update(x, w, z, u, impl='torch')
-    assert auto[0].grad_fn.name().startswith('KCLAStateFunction')
+    assert 'KCLAStateFunction' in auto[0].grad_fn.name()
     for a, b in zip(auto, torch_path):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_fused_refused_where_only_torch_ops_can_run():
+    """torch.jit.trace cannot record the fused kernels (a trace would keep
+    empty outputs), nor do torch.func transforms reach them: impl='fused'
+    raises there, impl='auto' traces the PyTorch ops."""
+    x, u, w, z = (t.detach() for t in make_inputs())
+
+    def fused(x):
+        return kcla_state_update(x, w, z, u, impl='fused')
+
+    with pytest.raises(RuntimeError, match="impl='fused'.*torch.jit"):
+        torch.jit.trace(fused, (x, ), check_trace=False)
+    with pytest.raises(RuntimeError, match="impl='fused'.*torch.func"):
+        torch.func.vmap(fused)(x[None])
+    traced = torch.jit.trace(
+        lambda x: kcla_state_update(x, w, z, u, impl='auto'), (x, ),
+        check_trace=False)
+    x2 = torch.randn_like(x)
+    for a, b in zip(traced(x2), naive_state_update(x2, u, w, z)):
+        torch.testing.assert_close(a, b)
 
 
 def test_non_contiguous_and_channels_last_inputs():

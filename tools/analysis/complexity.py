@@ -12,9 +12,8 @@ norm).
 KCLA's fused path and the tracer: the tracer cannot record the fused
 kernels of ``kcla_mm._ext``, so a ``KCLALayer`` takes its PyTorch path
 (the same math in plain ops) while ``torch.jit`` traces: the count of the
-default model is that of ``kcla_impl='torch'``. The fused state update
-(``KCLAStateFunction``, used where the branch kernels do not apply, e.g.
-on CUDA) is counted by :func:`kcla_state_flop_jit`.
+default model is that of ``kcla_impl='torch'`` (the fused ops are C++
+autograd ops, of which a trace would keep only the empty outputs).
 
 Section 1 (backbones): ResNet-{--depths} at --img-size, batch 1, eval mode,
 for each layer attention and the plain ResNet (layer_attention=None): the
@@ -40,7 +39,6 @@ import logging
 import os
 import os.path as osp
 import sys
-from collections import Counter
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -118,23 +116,6 @@ def _numel(shape: Sequence[int]) -> int:
     return n
 
 
-def kcla_state_flop_jit(elementwise: bool = False):
-    """Handle of ``prim::PythonOp.KCLAStateFunction`` (x, [u], w, z): only
-    elementwise work (w * x, + U, / (Z + eps))."""
-
-    def handle(inputs, outputs) -> Counter:
-        shapes = [_shape(v) for v in inputs]
-        x = shapes[0]
-        has_u = len(shapes) >= 2 and shapes[1] == x
-        w = shapes[2 if has_u else 1]
-        if not elementwise:
-            return Counter()
-        return Counter(
-            {'elementwise': _numel(x) * (2 + has_u) + _numel(w)})
-
-    return handle
-
-
 def _elementwise_handle(inputs, outputs) -> int:
     shape = _shape(outputs[0])
     return _numel(shape) if shape is not None else 0
@@ -147,13 +128,10 @@ def _reduction_handle(inputs, outputs) -> int:
 
 def flop_analyzer(model: nn.Module, inputs: tuple,
                   elementwise: bool = False):
-    """mmengine's FlopAnalyzer with the KCLA op handles (and, if
-    ``elementwise``, handles for elementwise ops and reductions)."""
+    """mmengine's FlopAnalyzer (with, if ``elementwise``, handles for
+    elementwise ops and reductions)."""
     from mmengine.analysis import FlopAnalyzer
     analyzer = FlopAnalyzer(model, inputs)
-    analyzer.set_op_handle(**{
-        'prim::PythonOp.KCLAStateFunction': kcla_state_flop_jit(elementwise)
-    })
     if elementwise:
         analyzer.set_op_handle(**{op: _elementwise_handle
                                   for op in ELEMENTWISE_OPS})

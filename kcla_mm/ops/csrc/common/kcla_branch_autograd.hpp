@@ -5,13 +5,7 @@
 #define KCLA_BRANCH_AUTOGRAD_HPP
 #include <torch/extension.h>
 
-#include <string>
 #include <vector>
-
-// The messages of kcla_mm/ops/fused_backward.py, raised by these ops'
-// backwards.
-void set_fused_backward_errors(const std::string& second_order,
-                               const std::string& batched_grads);
 
 // (x, pooled): s = ReLU(s + residual) in place and its GAP.
 std::vector<at::Tensor> kcla_relu_pool_autograd(

@@ -4,25 +4,19 @@
 // ops call). In C++ a layer's two ops skip Python's Function machinery:
 // about 0.3 ms of a 2.7 ms 7x7 training step on the 2-core CPU VM
 // (tools/analysis/benchmark_history.md, session 29).
-#include <ATen/LegacyBatchedTensorImpl.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/extension.h>
 
-#include <string>
 #include <utility>
 #include <vector>
 
+#include "fused_backward.hpp"
 #include "kcla_branch_impl.hpp"
 
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// kcla_mm/ops/fused_backward.py's error messages, set when the extension
-// is loaded (set_fused_backward_errors).
-std::string second_order_error = "second derivative not implemented";
-std::string batched_grad_error = "batched gradients not implemented";
 
 // A Python object (a StateTape or GradHandoff) kept for backward, released
 // under the GIL (backward runs without it).
@@ -52,58 +46,6 @@ const py::object* kept_object(AutogradContext* ctx, const char* key) {
   auto it = ctx->saved_data.find(key);
   if (it == ctx->saved_data.end()) return nullptr;
   return &static_cast<PyObjectRef*>(it->second.toCapsule().get())->obj;
-}
-
-// Whether `t` is a vmap BatchedTensor (legacy, as is_grads_batched makes,
-// or functorch's; the two headers' isBatchedTensor cannot both be
-// included), which has no storage for the kernels.
-bool batched(const at::Tensor& t) {
-  if (!t.defined()) return false;
-  const auto keys = t.unsafeGetTensorImpl()->key_set();
-  return at::isBatchedTensor(t) ||
-         keys.has(c10::DispatchKey::FuncTorchBatched) ||
-         keys.has(c10::DispatchKey::BatchedNestedTensor);
-}
-
-// Identity on a backward's gradients, raising when differentiated.
-struct SecondOrderBarrier : torch::autograd::Function<SecondOrderBarrier> {
-  static variable_list forward(AutogradContext*, at::TensorList grads) {
-    variable_list out;
-    for (const auto& g : grads) out.push_back(g.view_as(g));
-    return out;
-  }
-  static variable_list backward(AutogradContext*, variable_list) {
-    TORCH_CHECK(false, second_order_error);
-    return {};
-  }
-};
-
-// fused_backward.py's fused_backward for C++ Functions: `backward` runs
-// without grad on unbatched gradients; under create_graph=True its
-// gradients lead to a SecondOrderBarrier.
-template <typename Backward>
-variable_list first_order_backward(const variable_list& grads,
-                                   Backward&& backward) {
-  bool needs_barrier = false;
-  for (const auto& g : grads) {
-    TORCH_CHECK(!batched(g), batched_grad_error);
-    needs_barrier |= g.defined() && g.requires_grad();
-  }
-  variable_list outputs;
-  {
-    at::NoGradGuard no_grad;
-    outputs = backward();
-  }
-  if (!needs_barrier || !at::GradMode::is_enabled()) return outputs;
-  variable_list leaves;
-  for (const auto& o : outputs)
-    if (o.defined()) leaves.push_back(o.detach().requires_grad_());
-  if (leaves.empty()) return outputs;
-  variable_list guarded = SecondOrderBarrier::apply(at::TensorList(leaves));
-  size_t next = 0;
-  for (auto& o : outputs)
-    if (o.defined()) o = guarded[next++];
-  return outputs;
 }
 
 // An uninitialised (B, C, ceil(H * W / 8)) uint8 bit mask for `x`.
@@ -430,12 +372,6 @@ struct KCLABranchFunction : torch::autograd::Function<KCLABranchFunction> {
 };
 
 }  // namespace
-
-void set_fused_backward_errors(const std::string& second_order,
-                               const std::string& batched_grads) {
-  second_order_error = second_order;
-  batched_grad_error = batched_grads;
-}
 
 std::vector<at::Tensor> kcla_relu_pool_autograd(
     at::Tensor s, c10::optional<at::Tensor> residual, py::object handoff,

@@ -4,8 +4,10 @@
 #include <string>
 #include <vector>
 
+#include "fused_backward.hpp"
 #include "kcla_branch_autograd.hpp"
 #include "kcla_branch_impl.hpp"
+#include "kcla_ops_autograd.hpp"
 #include "kcla_state_impl.hpp"
 #include "pytorch_device_registry.hpp"
 
@@ -90,6 +92,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("bn_eps"), py::arg("eps"), py::arg("tape_in"),
         py::arg("tape_out"), py::arg("save_u"), py::arg("out_in_place"),
         py::arg("x_handoff"));
+  m.def("kcla_heads_autograd", &kcla_heads_autograd,
+        "the heads' autograd op: (w, z_next, gate)", py::arg("pooled"),
+        py::arg("z"), py::arg("q_kernel"), py::arg("k_kernel"),
+        py::arg("norm_d"), py::arg("gate_weight"), py::arg("key_eps"),
+        py::arg("max_log_weight"));
+  m.def("kcla_state_autograd", &kcla_state_autograd,
+        "the state update's autograd op: (u_next, agg)", py::arg("x"),
+        py::arg("u"), py::arg("w"), py::arg("z"), py::arg("eps"));
   m.def("kcla_branch_stats", &kcla_branch_stats,
         "u_next = u + w x and per-plane (mean, M2) of "
         "o = gate * DWConv3x3(u_next / (z + eps))",
