@@ -131,15 +131,22 @@ def test_branch_ops_first_order_and_unbatched(one_call, monkeypatch):
         return out.square().sum() + u_next.sin().sum() + pooled.sum()
 
     s = s.requires_grad_()
-    plain = torch.autograd.grad(outputs(s), (s, w))
-    guarded = torch.autograd.grad(outputs(s), (s, w), create_graph=True)
+    check_first_order_and_unbatched(lambda: outputs(s), (s, w))
+
+
+def check_first_order_and_unbatched(loss, inputs):
+    """The gradients of ``loss()`` under create_graph=True equal the plain
+    ones and raise when differentiated; batched gradients raise."""
+    plain = torch.autograd.grad(loss(), inputs)
+    guarded = torch.autograd.grad(loss(), inputs, create_graph=True)
     for a, b in zip(guarded, plain):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
         assert a.requires_grad
     with pytest.raises(RuntimeError, match=REMEDY):
         guarded[0].sum().backward()
     with pytest.raises(RuntimeError, match=REMEDY):
-        torch.autograd.grad(outputs(s), s, torch.ones(2, dtype=s.dtype),
+        torch.autograd.grad(loss(), inputs[0],
+                            torch.ones(2, dtype=inputs[0].dtype),
                             is_grads_batched=True)
 
 
@@ -165,16 +172,4 @@ def test_heads_and_state_ops_first_order_and_unbatched(loss, case):
     the branch's) under create_graph=True give the plain backward's
     gradients, which raise when differentiated; batched gradients raise."""
     inputs = [t.clone().requires_grad_() for t in case()]
-    first = inputs[0]
-    plain = torch.autograd.grad(loss(*inputs), inputs[:2])
-    guarded = torch.autograd.grad(loss(*inputs), inputs[:2],
-                                  create_graph=True)
-    for a, b in zip(guarded, plain):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
-        assert a.requires_grad
-    with pytest.raises(RuntimeError, match=REMEDY):
-        guarded[0].sum().backward()
-    with pytest.raises(RuntimeError, match=REMEDY):
-        torch.autograd.grad(loss(*inputs), first,
-                            torch.ones(2, dtype=first.dtype),
-                            is_grads_batched=True)
+    check_first_order_and_unbatched(lambda: loss(*inputs), inputs[:2])
