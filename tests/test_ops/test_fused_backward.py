@@ -16,6 +16,7 @@ from kcla_mm.ops.kcla_heads import kcla_heads
 from ..test_models.test_resnet_kcla_impls import fused_and_torch
 from .test_kcla_branch import make_case
 from .test_kcla_heads import make_heads_case
+from .test_kcla_state import make_inputs
 
 pytestmark = pytest.mark.skipif(
     not has_device_impl('cpu', 'branch'),
@@ -163,13 +164,11 @@ def state_loss(x, u, w, z):
 
 @pytest.mark.parametrize('loss,case', [
     (heads_loss, lambda: make_heads_case(torch.float64)),
-    (state_loss, lambda: torch.rand(4, 2, 4, 3, 3, dtype=torch.float64)
-     .unbind(0)[:2] + (torch.rand(2, 2, dtype=torch.float64) + 0.5,
-                       torch.rand(2, 2, dtype=torch.float64) + 2)),
+    (state_loss, lambda: make_inputs(torch.float64)),
 ], ids=['heads', 'state'])
 def test_heads_and_state_ops_first_order_and_unbatched(loss, case):
     """kcla_heads and the fused state update (C++ autograd Functions like
     the branch's) under create_graph=True give the plain backward's
     gradients, which raise when differentiated; batched gradients raise."""
-    inputs = [t.clone().requires_grad_() for t in case()]
+    inputs = [t.detach().requires_grad_() for t in case()]
     check_first_order_and_unbatched(lambda: loss(*inputs), inputs[:2])
