@@ -443,6 +443,13 @@ bool lanes_apply(const Dims& dm) {
 
 #ifdef KCLA_CPU_LANES
 #include "kcla_branch_lanes.hpp"
+#else
+// Declared only, for relu_pool_planes' discarded lane branch: C++17 (torch
+// before 2.12 compiles extensions with -std=c++17) parses a call with
+// template arguments only where a template of that name is declared.
+template <bool Residual, bool Affine, bool Mask>
+float relu_pool_chunks(float* v, const float* res, float sc, float sh,
+                       uint8_t* bits, int64_t n);
 #endif
 
 // One pass of a one-call kernel over `planes`, with their kept convs
