@@ -12,6 +12,8 @@ from typing import Iterable, Optional, Tuple
 import torch
 from torch.autograd import forward_ad
 
+from kcla_mm.utils.compat import is_exporting
+
 from .fused_backward import BATCHED_GRAD_ERROR, SECOND_ORDER_ERROR
 
 EXT_NAME = 'kcla_mm._ext'
@@ -91,7 +93,7 @@ def torch_ops_only() -> bool:
     functorch rules) and while a forward-mode AD dual level is open (the
     kernels carry no tangents, also under no_grad).
     """
-    return (torch.jit.is_tracing() or torch.compiler.is_exporting()
+    return (torch.jit.is_tracing() or is_exporting()
             or torch._C._are_functorch_transforms_active()
             or forward_ad._current_level >= 0)
 

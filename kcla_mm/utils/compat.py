@@ -9,12 +9,16 @@
    unconditionally, so ``torchrun ... --launcher pytorch`` fails on a machine
    without a GPU. On such machines the launcher is made to skip it and to
    use gloo (NCCL needs GPUs); with a GPU nothing changes.
+3. torch APIs that KCLA's dispatch reads and that older torch (down to 2.1,
+   mmcv 2.1.0's prebuilt wheels) lacks: :func:`is_exporting`,
+   :func:`autocast_enabled`, :func:`has_global_module_hooks`.
 """
 import warnings
 from typing import List
 
 import numpy as np
 import torch
+from torch.nn.modules import module as nn_module
 
 
 def _numpy_safe_globals() -> List[object]:
@@ -89,3 +93,35 @@ def _only_cpu(dist_utils) -> bool:
         getattr(dist_utils, name, lambda: False)()
         for name in ('is_mlu_available', 'is_npu_available',
                      'is_musa_available'))
+
+
+def is_exporting() -> bool:
+    """Whether torch.export is tracing the running code (torch >= 2.7;
+    earlier torch has no such query: False)."""
+    query = getattr(torch.compiler, 'is_exporting', None)
+    return query is not None and query()
+
+
+def autocast_enabled(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type``; False for devices without
+    autocast (e.g. 'meta'). torch < 2.4 has per-device queries for the CPU
+    and CUDA only."""
+    if hasattr(torch.amp, 'is_autocast_available'):
+        return torch.amp.is_autocast_available(device_type) and \
+            torch.is_autocast_enabled(device_type)
+    if device_type == 'cpu':
+        return torch.is_autocast_cpu_enabled()
+    return device_type == 'cuda' and torch.is_autocast_enabled()
+
+
+def has_global_module_hooks() -> bool:
+    """Whether global forward or backward hooks are registered for every
+    ``nn.Module`` (``_has_any_global_hook`` from torch 2.8 on; earlier, the
+    dicts it reads)."""
+    query = getattr(nn_module, '_has_any_global_hook', None)
+    if query is not None:
+        return bool(query())
+    return bool(nn_module._global_backward_pre_hooks
+                or nn_module._global_backward_hooks
+                or nn_module._global_forward_pre_hooks
+                or nn_module._global_forward_hooks)

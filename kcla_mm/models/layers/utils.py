@@ -11,8 +11,9 @@ import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
 from mmengine.registry import MODELS
 from torch import Tensor
-from torch.nn.modules import module as nn_module
 from torch.nn.modules.batchnorm import _BatchNorm
+
+from kcla_mm.utils.compat import autocast_enabled, has_global_module_hooks
 
 
 def state_dtype(x: Tensor) -> torch.dtype:
@@ -38,8 +39,7 @@ def autocast_off(device_type: str):
     """A context that turns autocast off on ``device_type`` where it is on;
     else (also on devices without autocast, e.g. 'meta' for shape runs) a
     no-op."""
-    if torch.amp.is_autocast_available(device_type) and \
-            torch.is_autocast_enabled(device_type):
+    if autocast_enabled(device_type):
         return torch.autocast(device_type=device_type, enabled=False)
     return contextlib.nullcontext()
 
@@ -51,7 +51,7 @@ def hooked(*modules: Optional[nn.Module]) -> bool:
     reading its weights (fused kernels, matmul forms), so that the hooks
     see the calls they wait for: hook-based FLOP counters, feature probes,
     ``torch.nn.utils.prune``'s per-call weight."""
-    if nn_module._has_any_global_hook():
+    if has_global_module_hooks():
         return True
     for m in modules:
         if m is not None and (m._forward_hooks or m._forward_pre_hooks

@@ -7,6 +7,7 @@
 #include <ATen/LegacyBatchedTensorImpl.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/extension.h>
+#include <torch/version.h>
 
 #include <string>
 
@@ -26,8 +27,11 @@ inline bool batched(const at::Tensor& t) {
   if (!t.defined()) return false;
   const auto keys = t.unsafeGetTensorImpl()->key_set();
   return at::isBatchedTensor(t) ||
-         keys.has(c10::DispatchKey::FuncTorchBatched) ||
-         keys.has(c10::DispatchKey::BatchedNestedTensor);
+         keys.has(c10::DispatchKey::FuncTorchBatched)
+#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 2  // the key's torch
+         || keys.has(c10::DispatchKey::BatchedNestedTensor)
+#endif
+      ;
 }
 
 // Identity on a backward's gradients, raising when differentiated.
