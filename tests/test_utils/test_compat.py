@@ -11,10 +11,11 @@ from kcla_mm.utils.compat import (autocast_enabled, has_global_module_hooks,
 
 @pytest.fixture(params=['this torch', 'without the new APIs'])
 def old_torch(request, monkeypatch):
-    if request.param == 'without the new APIs':
-        monkeypatch.delattr(torch.compiler, 'is_exporting')
-        monkeypatch.delattr(torch.amp, 'is_autocast_available')
-        monkeypatch.delattr(nn_module, '_has_any_global_hook')
+    if request.param == 'without the new APIs':  # raising=False: old torch
+        for owner, name in ((torch.compiler, 'is_exporting'),
+                            (torch.amp, 'is_autocast_available'),
+                            (nn_module, '_has_any_global_hook')):
+            monkeypatch.delattr(owner, name, raising=False)
     return request.param
 
 
@@ -44,6 +45,8 @@ def test_is_exporting_outside_export(old_torch):
     assert is_exporting() is False
 
 
+@pytest.mark.skipif(not hasattr(torch.compiler, 'is_exporting'),
+                    reason='torch < 2.7 has no export query')
 def test_is_exporting_inside_export():
     seen = []
 
