@@ -7,9 +7,9 @@
 # plain side is ResNetKCLA(layer_attention=None)).
 #
 # Usage: bash tools/gpu_check.sh [LOG_DIR]   (default work_dirs/gpu_check)
-# Writes build.log, tests.log and benchmark.log there; exits non-zero if the
-# build or a test fails. Environment: PYTHON, TORCH_CUDA_ARCH_LIST (default:
-# GPU 0's), BENCHMARK_RUNS (default 15).
+# Writes device.txt, build.log, tests.log and benchmark.log there; exits
+# non-zero if the build, a test or the benchmark fails. Environment: PYTHON,
+# TORCH_CUDA_ARCH_LIST (default: GPU 0's), BENCHMARK_RUNS (default 15).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 LOG_DIR="${1:-$ROOT/work_dirs/gpu_check}"

@@ -28,7 +28,7 @@ inline bool batched(const at::Tensor& t) {
   const auto keys = t.unsafeGetTensorImpl()->key_set();
   return at::isBatchedTensor(t) ||
          keys.has(c10::DispatchKey::FuncTorchBatched)
-#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 2  // the key's torch
+#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 2  // torch 2.2's key
          || keys.has(c10::DispatchKey::BatchedNestedTensor)
 #endif
       ;
