@@ -47,8 +47,10 @@ if ! "$PY" -c 'import mmcv, mmcv._ext' 2>/dev/null; then
     if [ -z "$WHEEL" ]; then
         log "building mmcv $MMCV_VERSION with ops from source (about 12 minutes on 2 cores)"
         TMP="$(mktemp -d "${WHEELHOUSE}.build.XXXXXX" 2>/dev/null || { mkdir -p "$WHEELHOUSE"; mktemp -d "${WHEELHOUSE}.build.XXXXXX"; })"
+        # --no-cache-dir: pip's own wheel cache does not key on torch, and
+        # would hand back an mmcv built against another torch
         MMCV_WITH_OPS=1 "$PY" -m pip wheel --disable-pip-version-check --no-build-isolation \
-            --no-deps "mmcv==$MMCV_VERSION" -w "$TMP"
+            --no-cache-dir --no-deps "mmcv==$MMCV_VERSION" -w "$TMP"
         mkdir -p "$CACHE"
         mv "$TMP"/mmcv-*.whl "$CACHE"/   # the cache only ever holds complete wheels
         rm -rf "$TMP"
