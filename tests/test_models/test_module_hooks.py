@@ -72,10 +72,13 @@ def test_forward_hook_sees_the_torch_paths_call(name, train):
     for a, b in zip(*outs):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
     if train:
+        # atol as in test_resnet_kcla_impls: float64 round-off through 50
+        # layers leaves up to ~3e-13 of a gradient's largest entry on its
+        # small entries (measured 9e-12 at conv1.weight on torch 2.1)
         for (pname, p), q in zip(models[0].named_parameters(),
                                  models[1].parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-9,
-                                       atol=1e-12, msg=pname)
+                                       atol=1e-10, msg=pname)
 
 
 def test_backward_hook_on_the_depthwise_conv():
