@@ -38,6 +38,10 @@ if ! "$PY" -c 'import torch' 2>/dev/null; then
     log "installing torch 2.13.0"
     "${PIP[@]}" torch==2.13.0
 fi
+if "$PY" -c 'import sys, torch; sys.exit(tuple(map(int, torch.__version__.split(".")[:2])) >= (2, 3))'; then
+    log "torch before 2.3: keeping numpy below 2 (requirements/numpy1.txt)"
+    PIP+=(-c "$ROOT/requirements/numpy1.txt")
+fi
 "${PIP[@]}" -r "$ROOT/requirements/build.txt"
 
 if ! "$PY" -c 'import mmcv, mmcv._ext' 2>/dev/null; then
