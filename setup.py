@@ -71,7 +71,6 @@ def get_extensions() -> list:
                 name='kcla_mm._ext',
                 sources=sorted(sources),
                 include_dirs=include_dirs,
-                define_macros=[('KCLA_WITH_CUDA', None)],
                 extra_link_args=link_flags,
                 extra_compile_args={
                     'cxx': cxx_flags,

@@ -3,7 +3,9 @@
 # the .cu sources never rot. torch here is CPU-only, so this uses a separate
 # virtualenv with torch 2.14.1 (a CUDA 13.0 build) and the machine's nvcc.
 # The extension is built out of tree (into $KCLA_CUDA_BUILD_DIR) and never
-# replaces the CPU build in kcla_mm/.
+# replaces the CPU build in kcla_mm/. The CUDA sources then compile once
+# more as C++17 against torch 2.11.0's headers (unpacked into the venv),
+# as torch before 2.12 builds them.
 #
 # Environment: KCLA_CUDA_VENV (default <repo>/.venv-cuda),
 #   KCLA_CUDA_BUILD_DIR (default <repo>/build/cuda-check),
@@ -35,6 +37,7 @@ done
 export CPATH
 rm -rf "$OUT"
 mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"  # absolute, as in the build's ninja file
 cd "$ROOT"
 FORCE_CUDA=1 "$VENV/bin/python" setup.py --quiet build_ext \
     --build-lib "$OUT/lib" --build-temp "$OUT/tmp"
@@ -56,4 +59,36 @@ if [ -n "$UNDEFINED" ]; then
     echo "$UNDEFINED" >&2
     exit 1
 fi
-echo "[cuda-check] ok: $SO"
+# torch before 2.12 (the GPU machines' 2.11 too) compiles extensions as
+# C++17, this torch as C++20, and its headers no longer compile as C++17:
+# compile the CUDA sources (pytorch/cuda/) again with -std=c++17 against
+# torch 2.11.0's headers, from this build's ninja file (the CPU sources:
+# tests/test_ops/test_cpp17_sources.py)
+HEADERS17="$VENV/torch-2.11.0-headers"
+if [ ! -d "$HEADERS17/torch/include" ]; then
+    echo "[cuda-check] unpacking torch 2.11.0's headers into $HEADERS17"
+    rm -rf "$HEADERS17.tmp"
+    "$VENV/bin/python" -m pip download --disable-pip-version-check --quiet \
+        --no-deps torch==2.11.0 -d "$HEADERS17.tmp"
+    "$VENV/bin/python" -c 'import sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+z.extractall(sys.argv[2], [n for n in z.namelist()
+                           if n.startswith("torch/include/")])' \
+        "$HEADERS17".tmp/torch-2.11.0-*.whl "$HEADERS17.tmp"
+    rm "$HEADERS17".tmp/torch-2.11.0-*.whl
+    mv "$HEADERS17.tmp" "$HEADERS17"
+fi
+TORCH_INCLUDE="$("$VENV/bin/python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "include"))')"
+mkdir -p "$OUT/cpp17"
+sed -e 's/-std=c++20/-std=c++17/g' \
+    -e "s#$TORCH_INCLUDE#$HEADERS17/torch/include#g" \
+    -e "s#^build $OUT/tmp/#build $OUT/cpp17/#" \
+    "$OUT/tmp/build.ninja" > "$OUT/cpp17/build.ninja"
+mapfile -t OBJECTS17 < <(grep -o "^build $OUT/cpp17/kcla_mm/ops/csrc/pytorch/cuda/[^:]*" \
+    "$OUT/cpp17/build.ninja" | cut -c7-)
+if [ "${#OBJECTS17[@]}" -eq 0 ]; then
+    echo "[cuda-check] error: no CUDA sources in $OUT/tmp/build.ninja" >&2
+    exit 1
+fi
+"$VENV/bin/ninja" -C "$OUT/cpp17" "${OBJECTS17[@]}"
+echo "[cuda-check] ok: $SO (CUDA sources also compile as C++17)"
