@@ -2,7 +2,8 @@
 
 Runs tools/check_cuda_build.sh: a separate virtualenv with torch 2.14.1 (a
 CUDA 13.0 build) and the machine's nvcc build the extension out of tree
-with FORCE_CUDA=1 and check it defines the CUDA launchers. Slow (minutes);
+with FORCE_CUDA=1 and check it defines the CUDA launchers, then compile the
+CUDA sources as C++17 against torch 2.11.0's headers. Slow (minutes);
 skipped only where no nvcc exists. Also checks what can be checked here of
 tools/gpu_check.sh, the GPU machine's build, tests and benchmark.
 """
