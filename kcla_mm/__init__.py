@@ -1,8 +1,7 @@
 """kcla_mm: Key-Correlated Layer Attention for OpenMMLab (mmdet / mmseg)."""
-from .utils import enable_cpu_distributed, register_checkpoint_safe_globals
+from .utils import enable_cpu_distributed
 from .version import __version__, version_info
 
-register_checkpoint_safe_globals()
 enable_cpu_distributed()
 
 from . import ops  # noqa: E402

@@ -11,7 +11,7 @@ from mmengine.registry import HOOKS as ROOT_HOOKS
 from mmengine.registry import MODELS as ROOT_MODELS
 from mmengine.registry import Registry
 
-from .engine import TorchRNGStateHook
+from .engine import SafeLoadHook, TorchRNGStateHook
 from .models import ResNetKCLA
 from .models.layers import ExternalAttention
 
@@ -20,7 +20,7 @@ BACKBONES = (ResNetKCLA, )
 # mmengine's root MODELS (mmdet's and mmseg's registries fall back to it);
 # likewise hooks in the root HOOKS.
 PLUGINS = (ExternalAttention, )
-HOOKS = (TorchRNGStateHook, )
+HOOKS = (SafeLoadHook, TorchRNGStateHook)
 
 
 def _register(registry: Registry, modules: Iterable[type]) -> None:

@@ -96,7 +96,10 @@ def write_predictions(config: str, checkpoint: str, data_root: str,
                       num_shown: int, out_file: str) -> None:
     """Rows of image | ground truth | prediction for the first test images."""
     from mmseg.apis import inference_model, init_model
-    model = init_model(config, checkpoint, device='cpu')
+
+    from kcla_mm.utils import allow_mmengine_checkpoints
+    with allow_mmengine_checkpoints():  # a runner checkpoint of this demo
+        model = init_model(config, checkpoint, device='cpu')
     images = sorted(glob.glob(osp.join(data_root, 'img_dir', 'test',
                                        '*.jpg')))[:num_shown]
     rows = []

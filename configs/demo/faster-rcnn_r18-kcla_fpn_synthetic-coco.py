@@ -4,8 +4,10 @@
 # classes), through mmdet's own tools/train.py and tools/test.py.
 _base_ = 'mmdet::faster_rcnn/faster-rcnn_r50_fpn_1x_coco.py'
 custom_imports = dict(imports=['kcla_mm'], allow_failed_imports=False)
-# torch's generator in checkpoints: --resume continues exactly
-custom_hooks = [dict(type='TorchRNGStateHook')]
+# torch's generator in checkpoints: --resume continues exactly; --resume,
+# load_from and test.py's checkpoint load with torch's weights_only=True
+# (mmengine's own types allowed only while the runner loads)
+custom_hooks = [dict(type='TorchRNGStateHook'), dict(type='SafeLoadHook')]
 
 data_root = 'data/synthetic_coco/'
 metainfo = dict(

@@ -1,4 +1,5 @@
 """mmengine runner components."""
 from .rng_state_hook import TorchRNGStateHook
+from .safe_load_hook import SafeLoadHook
 
-__all__ = ['TorchRNGStateHook']
+__all__ = ['SafeLoadHook', 'TorchRNGStateHook']

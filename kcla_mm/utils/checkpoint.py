@@ -34,6 +34,8 @@ from typing import (Callable, Dict, List, Mapping, Optional, Sequence,
 import torch
 from torch import Tensor
 
+from .safe_load import allow_mmengine_checkpoints
+
 # authors' KCLA sub-module name -> ResNetKCLA's (relative to the layer)
 OFFICIAL_ATTENTION_NAMES = OrderedDict([
     ('Wq', 'q_conv'),
@@ -139,7 +141,9 @@ def format_mismatch(report: KeyReport, limit: int = 10) -> str:
 
 
 def load_checkpoint_file(path: str, unsafe_load: bool = False) -> dict:
-    """``torch.load`` to CPU, with ``weights_only`` unless ``unsafe_load``.
+    """``torch.load`` to CPU, with ``weights_only`` and mmengine's own
+    checkpoint types allowed (:func:`allow_mmengine_checkpoints`) unless
+    ``unsafe_load``.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -148,8 +152,9 @@ def load_checkpoint_file(path: str, unsafe_load: bool = False) -> dict:
     if not osp.isfile(path):
         raise FileNotFoundError(f'checkpoint not found: {path}')
     try:
-        checkpoint = torch.load(
-            path, map_location='cpu', weights_only=not unsafe_load)
+        with allow_mmengine_checkpoints():
+            checkpoint = torch.load(
+                path, map_location='cpu', weights_only=not unsafe_load)
     except Exception as e:  # pickle, zip and torch errors alike
         hint = '' if unsafe_load else (
             ' (it was read with weights_only=True; if you trust the file '

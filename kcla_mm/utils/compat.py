@@ -1,10 +1,8 @@
 """Compatibility shims, all in one place.
 
-1. torch >= 2.6 loads checkpoints with ``weights_only=True`` by default, but
-   a checkpoint written by mmengine 0.10.7's runner holds the message hub's
-   :class:`~mmengine.logging.HistoryBuffer` objects and numpy arrays/scalars,
-   so ``runner.resume()`` fails with an ``UnpicklingError``. The fix declares
-   exactly those types as safe globals; nothing else is unpickled.
+1. torch's allow-list for ``weights_only`` loading takes ``(object,
+   'module.name')`` entries from torch 2.6 on, the release that also made
+   ``weights_only=True`` the default: :func:`weights_only_allowlist`.
 2. mmengine 0.10.7's ``pytorch`` launcher calls ``torch.cuda.set_device``
    unconditionally, so ``torchrun ... --launcher pytorch`` fails on a machine
    without a GPU. On such machines the launcher is made to skip it and to
@@ -13,48 +11,27 @@
    mmcv 2.1.0's prebuilt wheels) lacks: :func:`is_exporting`,
    :func:`autocast_enabled`, :func:`has_global_module_hooks`.
 """
+import contextlib
 import warnings
-from typing import List
+from typing import ContextManager, List
 
-import numpy as np
 import torch
 from torch.nn.modules import module as nn_module
 
-
-def _numpy_safe_globals() -> List[object]:
-    """numpy callables and classes an mmengine checkpoint pickles."""
-    try:  # numpy >= 2
-        from numpy._core.multiarray import _reconstruct, scalar
-    except ImportError:  # numpy < 2
-        from numpy.core.multiarray import _reconstruct, scalar
-    dtype_classes = {
-        type(np.dtype(t))
-        for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8,
-                  np.float16, np.float32, np.float64)
-    }
-    return [_reconstruct, scalar, np.ndarray, np.dtype, *dtype_classes]
+TORCH_VERSION = tuple(int(v) for v in torch.__version__.split('.')[:2])
 
 
-def register_checkpoint_safe_globals() -> None:
-    """Allow ``torch.load(weights_only=True)`` to read mmengine checkpoints.
-
-    Idempotent; a no-op on torch < 2.4 (no ``add_safe_globals``) or without
-    mmengine.
-    """
-    add_safe_globals = getattr(torch.serialization, 'add_safe_globals', None)
-    if add_safe_globals is None:
-        return
-    safe = _numpy_safe_globals()
-    try:
-        from mmengine.logging import HistoryBuffer
-    except ImportError:
-        pass
-    else:
-        # HistoryBuffer pickles its statistics methods as
-        # getattr(buffer, 'mean'); the unpickler still refuses to *call*
-        # anything outside the allow-list, so getattr only reads attributes.
-        safe += [HistoryBuffer, getattr]
-    add_safe_globals(safe)
+def weights_only_allowlist(entries: List[object]) -> ContextManager:
+    """torch's ``safe_globals`` context for the ``entries`` not allowed yet
+    (on leaving it, torch removes what it added, so an entry the caller had
+    allowed before stays allowed). Before torch 2.6, a no-op: those loads
+    default to ``weights_only=False``, and an explicit ``weights_only=True``
+    load refuses the entries' types with torch's error."""
+    if TORCH_VERSION < (2, 6):
+        return contextlib.nullcontext()
+    allowed = torch.serialization.get_safe_globals()
+    return torch.serialization.safe_globals(
+        [entry for entry in entries if entry not in allowed])
 
 
 def enable_cpu_distributed() -> None:

@@ -36,6 +36,8 @@ def test_config_builds_detector(path):
     import kcla_mm  # noqa: F401  (the configs' custom_imports)
     cfg = Config.fromfile(path)
     assert cfg.custom_imports['imports'] == ['kcla_mm']
+    # resume, load_from and test.py under torch's weights_only loading
+    assert dict(type='SafeLoadHook') in cfg.custom_hooks
     backbone = cfg.model.backbone
     # External Attention alone runs on mmdet's own ResNet
     expected = 'ResNet' if '_r50-ea_' in path else 'ResNetKCLA'

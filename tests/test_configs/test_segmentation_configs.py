@@ -45,6 +45,8 @@ def test_config_builds_segmentor(path):
     import kcla_mm  # noqa: F401  (the configs' custom_imports)
     cfg = Config.fromfile(path)
     assert cfg.custom_imports['imports'] == ['kcla_mm']
+    # resume, load_from and test.py under torch's weights_only loading
+    assert dict(type='SafeLoadHook') in cfg.custom_hooks
     encoder_attention, decoder_attention = variant(path)
     backbone, head = cfg.model.backbone, cfg.model.decode_head
     assert backbone.layer_attention == encoder_attention

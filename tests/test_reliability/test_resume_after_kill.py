@@ -33,7 +33,7 @@ import time
 import pytest
 import torch
 
-import kcla_mm  # noqa: F401  (torch.load of mmengine checkpoints)
+from kcla_mm.utils import allow_mmengine_checkpoints
 from ..test_tools.helpers import (ROOT, data_options, make_synthetic_coco,
                                   make_synthetic_lesion_dataset, mmdet_tool,
                                   mmseg_tool)
@@ -165,9 +165,10 @@ def logged_scalars(work_dir):
 
 
 def load(path):
-    # torch's default weights_only=True: kcla_mm declares mmengine's
-    # checkpoint contents safe; a truncated file raises here
-    return torch.load(path, map_location='cpu', weights_only=True)
+    # weights_only=True with mmengine's own types allowed, as the configs'
+    # SafeLoadHook lets --resume load; a truncated file raises here
+    with allow_mmengine_checkpoints():
+        return torch.load(path, map_location='cpu', weights_only=True)
 
 
 def assert_same_tensors(a: dict, b: dict, what: str):

@@ -100,8 +100,10 @@ def quiet_mmengine():
 
 def _read_checkpoint(path: str) -> Dict[str, torch.Tensor]:
     from mmengine.runner.checkpoint import _load_checkpoint
+
+    from kcla_mm.utils import allow_mmengine_checkpoints
     try:
-        with quiet_mmengine():
+        with quiet_mmengine(), allow_mmengine_checkpoints():
             ckpt = _load_checkpoint(path, map_location='cpu')
     except Exception as e:  # noqa: BLE001 (any unreadable file)
         fail(f'cannot read checkpoint {path}: {e}')

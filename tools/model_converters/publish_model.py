@@ -16,7 +16,6 @@ Example:
 import argparse
 import sys
 
-import kcla_mm  # noqa: F401  (safe globals: mmengine checkpoints load)
 from kcla_mm.utils.checkpoint import publish_checkpoint
 
 

@@ -34,5 +34,7 @@ default_hooks = dict(
     sampler_seed=dict(type='DistSamplerSeedHook'),
     visualization=dict(type='SegVisualizationHook'))
 log_processor = dict(by_epoch=True)
-# torch's generator in checkpoints: --resume continues exactly
-custom_hooks = [dict(type='TorchRNGStateHook')]
+# torch's generator in checkpoints: --resume continues exactly; --resume,
+# load_from and test.py's checkpoint load with torch's weights_only=True
+# (mmengine's own types allowed only while the runner loads)
+custom_hooks = [dict(type='TorchRNGStateHook'), dict(type='SafeLoadHook')]
