@@ -15,13 +15,13 @@ Example:
 """
 import argparse
 import json
-import os
 import os.path as osp
 import shutil
 import sys
 import time
 
-from demo_utils import ROOT, latest, require_at_least, run, wheel_tool
+from demo_utils import (ROOT, latest, make_work_dir, require_at_least, run,
+                        wheel_tool)
 
 CONFIG = osp.join(ROOT, 'configs', 'demo',
                   'faster-rcnn_r18-kcla_fpn_synthetic-coco.py')
@@ -79,8 +79,7 @@ def test_metrics(test_dir: str) -> dict:
 def main(argv=None):
     args = parse_args(argv)
     start = time.time()
-    work_dir = osp.abspath(args.work_dir)
-    os.makedirs(work_dir, exist_ok=True)
+    work_dir = make_work_dir(args.work_dir)
     ann = osp.join(args.data_root, 'annotations', 'instances_train2017.json')
     if not osp.isfile(ann):
         run([sys.executable,

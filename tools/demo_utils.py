@@ -2,9 +2,11 @@
 import argparse
 import glob
 import importlib
+import os
 import os.path as osp
 import subprocess
 import sys
+import tempfile
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
@@ -18,6 +20,20 @@ def require_at_least(parser: argparse.ArgumentParser,
         if value is not None and value < low:
             parser.error(f'argument --{name.replace("_", "-")}: must be an '
                          f'int >= {low}, got {value}')
+
+
+def make_work_dir(path: str) -> str:
+    """The absolute ``path``, made if missing and checked writable; exits
+    with an ``error:`` line naming ``--work-dir`` otherwise (a file, a
+    folder under a file, no permission)."""
+    path = osp.abspath(path)
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        sys.exit(f'error: --work-dir {path}: {e.strerror or e}')
+    return path
 
 
 def wheel_tool(package: str, name: str) -> str:

@@ -19,7 +19,6 @@ Example:
 import argparse
 import glob
 import json
-import os
 import os.path as osp
 import sys
 import time
@@ -27,7 +26,8 @@ import time
 import numpy as np
 from PIL import Image
 
-from demo_utils import ROOT, latest, require_at_least, run, wheel_tool
+from demo_utils import (ROOT, latest, make_work_dir, require_at_least, run,
+                        wheel_tool)
 
 CONFIG = osp.join(ROOT, 'configs', 'demo',
                   'res-unet_r18s-kcla_synthetic-isic2018.py')
@@ -118,9 +118,8 @@ def write_predictions(config: str, checkpoint: str, data_root: str,
 def main(argv=None):
     args = parse_args(argv)
     start = time.time()
-    work_dir = osp.abspath(args.work_dir)
+    work_dir = make_work_dir(args.work_dir)
     data_root = osp.abspath(args.data_root)
-    os.makedirs(work_dir, exist_ok=True)
     prepare_data(data_root, args.num_images)
     options = data_options(data_root)
     if args.max_iters is not None:

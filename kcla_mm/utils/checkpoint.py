@@ -25,6 +25,7 @@ import io
 import os
 import os.path as osp
 import re
+import stat
 import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -147,10 +148,15 @@ def load_checkpoint_file(path: str, unsafe_load: bool = False) -> dict:
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: the file cannot be read as a checkpoint.
+        ValueError: ``path`` is a directory or another non-regular file (a
+            FIFO would block), or cannot be read as a checkpoint.
     """
-    if not osp.isfile(path):
+    if not osp.lexists(path):
         raise FileNotFoundError(f'checkpoint not found: {path}')
+    if osp.isdir(path):
+        raise ValueError(f'{path} is a directory, not a checkpoint file')
+    if not osp.exists(path) or not stat.S_ISREG(os.stat(path).st_mode):
+        raise ValueError(f'{path} is not a regular file')
     try:
         with allow_mmengine_checkpoints():
             checkpoint = torch.load(
@@ -167,9 +173,34 @@ def load_checkpoint_file(path: str, unsafe_load: bool = False) -> dict:
     return checkpoint
 
 
+def check_output_file(out: str, src: str, what: str = 'dst') -> None:
+    """Refuse an output path that names no file, is a directory, or is the
+    source checkpoint ``src`` (the same path, a symlink or a hard link to
+    it), before anything is read or written.
+
+    Raises:
+        ValueError: Naming ``what`` and the path.
+    """
+    if not osp.basename(out):
+        raise ValueError(f'{what} {out!r} names no file')
+    if osp.isdir(out):
+        raise ValueError(f'{what} {out} is a directory; name a file')
+    if osp.realpath(out) == osp.realpath(src) or (
+            osp.exists(out) and osp.exists(src) and osp.samefile(out, src)):
+        raise ValueError(f'{what} {out} is the source checkpoint {src}; '
+                         'the source is never replaced: name another file')
+
+
 def get_state_dict(checkpoint: Mapping) -> Dict[str, Tensor]:
     """``checkpoint['state_dict']``, or ``checkpoint`` itself if it is a
-    bare state dict (torchvision's files)."""
+    bare state dict (torchvision's files).
+
+    Raises:
+        ValueError: If there is no dict of tensors, or (naming the first
+            bad entry) a key is not a string or a weight is not floating
+            point (integer BN ``num_batches_tracked`` counters excepted) or
+            holds NaN or inf.
+    """
     if 'state_dict' in checkpoint:
         state_dict = checkpoint['state_dict']
     else:
@@ -179,6 +210,17 @@ def get_state_dict(checkpoint: Mapping) -> Dict[str, Tensor]:
         raise ValueError(
             'no state dict found: expected a dict of tensors, or a dict with '
             f'a "state_dict" entry; got the keys {list(checkpoint)[:8]}')
+    for key, value in state_dict.items():
+        if not isinstance(key, str):
+            raise ValueError(f'state dict key {key!r} '
+                             f'({type(key).__name__}) is not a string')
+        if not value.is_floating_point():
+            if key.endswith('num_batches_tracked'):
+                continue
+            raise ValueError(f'state dict entry {key!r} is {value.dtype}, '
+                             'not floating point')
+        if not bool(torch.isfinite(value).all()):
+            raise ValueError(f'state dict entry {key!r} holds NaN or inf')
     return dict(state_dict)
 
 
@@ -479,13 +521,20 @@ def checkpoint_bytes(obj: object) -> bytes:
 def write_bytes_atomic(data: bytes, path: str) -> str:
     """Write ``data`` to ``path`` through a temporary file in the same folder
     and ``os.replace``: readers see the old file or the whole new one, and a
-    failure leaves nothing behind. Returns the absolute path."""
+    failure leaves nothing behind, no folder made for it included. Returns
+    the absolute path."""
     path = osp.abspath(path)
     folder = osp.dirname(path)
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(
-        prefix=f'.{osp.basename(path)}.', suffix='.tmp', dir=folder)
+    missing = []  # the folders to make, innermost first
+    while not osp.isdir(folder):
+        missing.append(folder)
+        folder = osp.dirname(folder)
+    tmp = None
     try:
+        for created in reversed(missing):
+            os.mkdir(created)
+        fd, tmp = tempfile.mkstemp(prefix=f'.{osp.basename(path)}.',
+                                   suffix='.tmp', dir=osp.dirname(path))
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 -> a normal file's
@@ -495,8 +544,11 @@ def write_bytes_atomic(data: bytes, path: str) -> str:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        if osp.exists(tmp):
+        if tmp is not None and osp.exists(tmp):
             os.remove(tmp)
+        for created in missing:
+            if osp.isdir(created) and not os.listdir(created):
+                os.rmdir(created)
         raise
     return path
 
@@ -521,14 +573,18 @@ def publish_checkpoint(in_file: str, out_file: str,
         tuple[str, str, list[str]]: the published path, the full SHA-256 and
         the removed top-level keys.
     """
+    stem = out_file[:-len('.pth')] if out_file.endswith('.pth') else out_file
+    if not osp.basename(stem):
+        raise ValueError(f'out_file {out_file!r} names no file')
     checkpoint = load_checkpoint_file(in_file, unsafe_load)
-    if 'state_dict' not in checkpoint:
-        checkpoint = dict(state_dict=get_state_dict(checkpoint))
-    get_state_dict(checkpoint)  # a dict of tensors
+    state_dict = get_state_dict(checkpoint)  # a checked dict of tensors
+    if 'state_dict' not in checkpoint:  # a bare state dict
+        checkpoint = dict(state_dict=state_dict)
     removed = [k for k in checkpoint if k not in keep_keys]
     published = {k: checkpoint[k] for k in keep_keys if k in checkpoint}
     data = checkpoint_bytes(published)
     sha = hashlib.sha256(data).hexdigest()
-    stem = out_file[:-len('.pth')] if out_file.endswith('.pth') else out_file
-    final = write_bytes_atomic(data, f'{stem}-{sha[:8]}.pth')
+    final = f'{stem}-{sha[:8]}.pth'
+    check_output_file(final, in_file, 'out_file')
+    final = write_bytes_atomic(data, final)
     return final, sha, removed

@@ -439,6 +439,10 @@ LESION_CONVERTER_CASES = [
     cli_case('out_dir', FULL, 'allowed: a folder outside the downloads',
              FULL, FULL, '--overwrite'),
     cli_case('overwrite', "'yes'", None, '{tmp}', OUT, '--overwrite=yes'),
+    cli_case('max_pixels', '0', 'must be an int in [1, ', '{tmp}', OUT,
+             '--max-pixels', '0'),
+    cli_case('max_pixels', "'big'", 'invalid int value', '{tmp}', OUT,
+             '--max-pixels', 'big'),
 ]
 SEEDED_CASES = [
     cli_case('seed', '-1', 'must be an int >= 0', '{tmp}', OUT, '--seed',

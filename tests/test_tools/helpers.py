@@ -1,6 +1,9 @@
 """Shared pieces of the tests that drive mmdet's own tools."""
+import hashlib
 import importlib.util
+import os
 import os.path as osp
+import stat
 import subprocess
 import sys
 
@@ -17,6 +20,25 @@ def load_tool(name, folder='analysis'):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def tree_snapshot(root) -> dict:
+    """Every entry under ``root``: mode and content (a file's hash, a link's
+    target), without following links or opening FIFOs; equal snapshots
+    mean nothing under ``root`` was added, removed or changed."""
+    state = {}
+    for d, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = osp.join(d, name)
+            st = os.lstat(path)
+            content = None
+            if stat.S_ISREG(st.st_mode):
+                with open(path, 'rb') as f:
+                    content = hashlib.sha256(f.read()).hexdigest()
+            elif stat.S_ISLNK(st.st_mode):
+                content = os.readlink(path)
+            state[osp.relpath(path, root)] = (st.st_mode, content)
+    return state
 
 
 def assert_demo_rejects(tool: str, option: str, value: str, tmp_path) -> None:

@@ -27,8 +27,10 @@ import contextlib
 import sys
 from typing import Dict
 
-from lesion_seg_utils import (ConversionError, RawArchive, check_out_dir,
-                              pair, write_dataset)
+from lesion_seg_utils import (MAX_PIXELS, RawArchive,
+                              add_max_pixels_option, check_max_pixels,
+                              check_out_dir, pair, run_conversion,
+                              write_dataset)
 
 # split -> (images download, masks download)
 DOWNLOADS = {
@@ -49,11 +51,14 @@ def parse_args(argv=None):
     parser.add_argument('out_dir', help='dataset root to create')
     parser.add_argument('--overwrite', action='store_true',
                         help='replace an existing non-empty out_dir')
-    return parser.parse_args(argv)
+    add_max_pixels_option(parser)
+    args = parser.parse_args(argv)
+    check_max_pixels(parser, args.max_pixels)
+    return args
 
 
-def convert(src_dir: str, out_dir: str,
-            overwrite: bool = False) -> Dict[str, int]:
+def convert(src_dir: str, out_dir: str, overwrite: bool = False,
+            max_pixels: int = MAX_PIXELS) -> Dict[str, int]:
     """Convert the downloads in ``src_dir`` to ``out_dir``.
 
     Args:
@@ -61,13 +66,16 @@ def convert(src_dir: str, out_dir: str,
         out_dir (str): Dataset root to create.
         overwrite (bool): Replace an existing non-empty ``out_dir``.
             Defaults to False.
+        max_pixels (int): Largest image or mask accepted, in pixels.
+            Defaults to ``MAX_PIXELS``.
 
     Returns:
         dict[str, int]: Number of images per split.
 
     Raises:
-        ConversionError: On a missing download or unpaired/unreadable files,
-            or an ``out_dir`` that is or holds ``src_dir``.
+        ConversionError: On a missing download, unpaired, unreadable or
+            oversized files, an image in two splits, or an ``out_dir`` that
+            is, holds or lies inside ``src_dir`` or a download.
         FileExistsError: If ``out_dir`` is not empty and not ``overwrite``
             (checked before the downloads are read).
     """
@@ -79,16 +87,15 @@ def convert(src_dir: str, out_dir: str,
             mask_src = stack.enter_context(RawArchive(src_dir, [masks]))
             splits[split] = pair(img_src, IMAGE_PATTERN, mask_src,
                                  MASK_PATTERN)
-        write_dataset(out_dir, splits, overwrite)
+        write_dataset(out_dir, splits, overwrite, max_pixels)
     return {split: len(samples) for split, samples in splits.items()}
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    try:
-        counts = convert(args.src_dir, args.out_dir, args.overwrite)
-    except (ConversionError, FileExistsError, OSError) as e:
-        print(f'error: {e}', file=sys.stderr)
+    counts = run_conversion(lambda: convert(
+        args.src_dir, args.out_dir, args.overwrite, args.max_pixels))
+    if counts is None:
         return 1
     print(f'ISIC 2017 written to {args.out_dir} (official split): '
           + ', '.join(f'{n} {split}' for split, n in counts.items())

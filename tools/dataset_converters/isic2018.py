@@ -34,8 +34,10 @@ import contextlib
 import sys
 from typing import Dict
 
-from lesion_seg_utils import (ConversionError, RawArchive, check_out_dir,
-                              check_seed, pair, random_split, write_dataset)
+from lesion_seg_utils import (MAX_PIXELS, RawArchive,
+                              add_max_pixels_option, check_max_pixels,
+                              check_out_dir, check_seed, pair, random_split,
+                              run_conversion, write_dataset)
 
 # split -> (images download, masks download)
 DOWNLOADS = {
@@ -64,13 +66,16 @@ def parse_args(argv=None):
                         help='seed of the random split')
     parser.add_argument('--overwrite', action='store_true',
                         help='replace an existing non-empty out_dir')
+    add_max_pixels_option(parser)
     args = parser.parse_args(argv)
     check_seed(parser, args.seed)
+    check_max_pixels(parser, args.max_pixels)
     return args
 
 
 def convert(src_dir: str, out_dir: str, split: str = 'random', seed: int = 0,
-            overwrite: bool = False) -> Dict[str, int]:
+            overwrite: bool = False,
+            max_pixels: int = MAX_PIXELS) -> Dict[str, int]:
     """Convert the downloads in ``src_dir`` to ``out_dir``.
 
     Args:
@@ -82,14 +87,17 @@ def convert(src_dir: str, out_dir: str, split: str = 'random', seed: int = 0,
         seed (int): Seed of the random split. Defaults to 0.
         overwrite (bool): Replace an existing non-empty ``out_dir``.
             Defaults to False.
+        max_pixels (int): Largest image or mask accepted, in pixels.
+            Defaults to ``MAX_PIXELS``.
 
     Returns:
         dict[str, int]: Number of images per split.
 
     Raises:
         ValueError: If ``split`` is not one of ``SPLIT_MODES``.
-        ConversionError: On a missing download or unpaired/unreadable files,
-            or an ``out_dir`` that is or holds ``src_dir``.
+        ConversionError: On a missing download, unpaired, unreadable or
+            oversized files, an image in two splits, or an ``out_dir`` that
+            is, holds or lies inside ``src_dir`` or a download.
         FileExistsError: If ``out_dir`` is not empty and not ``overwrite``
             (checked before the downloads are read).
     """
@@ -108,17 +116,16 @@ def convert(src_dir: str, out_dir: str, split: str = 'random', seed: int = 0,
         if split == 'random':
             samples = random_split(samples['train'], tuple(RANDOM_FRACTIONS),
                                    tuple(RANDOM_FRACTIONS.values()), seed)
-        write_dataset(out_dir, samples, overwrite)
+        write_dataset(out_dir, samples, overwrite, max_pixels)
     return {name: len(s) for name, s in samples.items()}
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    try:
-        counts = convert(args.src_dir, args.out_dir, args.split, args.seed,
-                         args.overwrite)
-    except (ConversionError, FileExistsError, OSError) as e:
-        print(f'error: {e}', file=sys.stderr)
+    counts = run_conversion(lambda: convert(
+        args.src_dir, args.out_dir, args.split, args.seed, args.overwrite,
+        args.max_pixels))
+    if counts is None:
         return 1
     how = ('official validation/test downloads' if args.split == 'official'
            else f'random 70/10/20 split of the training images, seed '

@@ -31,8 +31,10 @@ import argparse
 import sys
 from typing import Dict
 
-from lesion_seg_utils import (ConversionError, RawArchive, check_out_dir,
-                              check_seed, pair, random_split, write_dataset)
+from lesion_seg_utils import (MAX_PIXELS, RawArchive, add_max_pixels_option,
+                              check_max_pixels, check_out_dir, check_seed,
+                              pair, random_split, run_conversion,
+                              write_dataset)
 
 # accepted names of the download: the extracted folder, then the zip file
 DOWNLOAD_NAMES = ('Kvasir-SEG', 'kvasir-seg')
@@ -58,13 +60,16 @@ def parse_args(argv=None):
                         help='seed of the random split')
     parser.add_argument('--overwrite', action='store_true',
                         help='replace an existing non-empty out_dir')
+    add_max_pixels_option(parser)
     args = parser.parse_args(argv)
     check_seed(parser, args.seed)
+    check_max_pixels(parser, args.max_pixels)
     return args
 
 
 def convert(src_dir: str, out_dir: str, split: str = '880-120',
-            seed: int = 0, overwrite: bool = False) -> Dict[str, int]:
+            seed: int = 0, overwrite: bool = False,
+            max_pixels: int = MAX_PIXELS) -> Dict[str, int]:
     """Convert the download in ``src_dir`` to ``out_dir``.
 
     Args:
@@ -74,14 +79,17 @@ def convert(src_dir: str, out_dir: str, split: str = '880-120',
         seed (int): Seed of the random split. Defaults to 0.
         overwrite (bool): Replace an existing non-empty ``out_dir``.
             Defaults to False.
+        max_pixels (int): Largest image or mask accepted, in pixels.
+            Defaults to ``MAX_PIXELS``.
 
     Returns:
         dict[str, int]: Number of images per split.
 
     Raises:
         ValueError: If ``split`` is not a key of ``SPLITS``.
-        ConversionError: On a missing download or unpaired/unreadable files,
-            or an ``out_dir`` that is or holds ``src_dir``.
+        ConversionError: On a missing download, unpaired, unreadable or
+            oversized files, or an ``out_dir`` that is, holds or lies inside
+            ``src_dir`` or the download.
         FileExistsError: If ``out_dir`` is not empty and not ``overwrite``
             (checked before the downloads are read).
     """
@@ -95,17 +103,16 @@ def convert(src_dir: str, out_dir: str, split: str = '880-120',
         samples = pair(archive, IMAGE_PATTERN, archive, MASK_PATTERN)
         splits = random_split(samples, tuple(sizes),
                               [n / total for n in sizes.values()], seed)
-        write_dataset(out_dir, splits, overwrite)
+        write_dataset(out_dir, splits, overwrite, max_pixels)
     return {name: len(s) for name, s in splits.items()}
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    try:
-        counts = convert(args.src_dir, args.out_dir, args.split, args.seed,
-                         args.overwrite)
-    except (ConversionError, FileExistsError, OSError) as e:
-        print(f'error: {e}', file=sys.stderr)
+    counts = run_conversion(lambda: convert(
+        args.src_dir, args.out_dir, args.split, args.seed, args.overwrite,
+        args.max_pixels))
+    if counts is None:
         return 1
     note = ' (no test split: test configs use val)' if (
         'test' not in counts) else ''

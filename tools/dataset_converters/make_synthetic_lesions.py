@@ -29,9 +29,7 @@ import io
 import json
 import os
 import os.path as osp
-import shutil
 import sys
-import tempfile
 import zipfile
 from typing import Dict, Optional, Tuple
 
@@ -40,7 +38,7 @@ from PIL import Image
 
 import isic2017
 import isic2018
-from lesion_seg_utils import check_destination, check_seed, publish
+from lesion_seg_utils import atomic_output, check_destination, check_seed
 
 LAYOUTS = ('isic2017', 'isic2018', 'kvasir')
 DEFAULT_COUNTS = {
@@ -311,20 +309,13 @@ def make_dataset(out_dir: str, layout: str,
     check_counts(layout, counts)
     out_dir = osp.abspath(out_dir)
     check_destination(out_dir, overwrite)
-    parent = osp.dirname(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f'.{osp.basename(out_dir)}.', dir=parent)
-    try:
+    with atomic_output(out_dir) as tmp:
         rng = np.random.default_rng(seed)
         if layout == 'kvasir':
             files = kvasir_files(counts['all'], img_size, rng)
         else:
             files = isic_files(layout, counts, img_size, rng)
         write_files(tmp, files, as_zip)
-        publish(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
 
 

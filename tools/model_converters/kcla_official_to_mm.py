@@ -47,11 +47,13 @@ import sys
 
 from kcla_mm import ResNetKCLA, __version__
 from kcla_mm.utils.checkpoint import (CheckpointMismatchError,
+                                      check_output_file,
                                       convert_official_state_dict,
                                       format_mismatch, get_state_dict,
                                       group_by_module, infer_official_depth,
                                       load_checkpoint_file,
                                       save_checkpoint_atomic, strip_prefix)
+from kcla_mm.utils.cli import sigterm_as_interrupt
 
 DEPTHS = (50, 101, 152)
 
@@ -92,6 +94,7 @@ def convert(src: str, dst: str, depth=None, max_list: int = 10,
             :class:`CheckpointMismatchError`) mismatched keys. Nothing is
             written then.
     """
+    check_output_file(dst, src)
     checkpoint = load_checkpoint_file(src, unsafe_load)
     state_dict = strip_prefix(get_state_dict(checkpoint), 'module.')
     inferred = depth is None
@@ -133,8 +136,13 @@ def convert(src: str, dst: str, depth=None, max_list: int = 10,
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        result = convert(args.src, args.dst, args.depth, args.max_list,
-                         args.unsafe_load)
+        with sigterm_as_interrupt():
+            result = convert(args.src, args.dst, args.depth, args.max_list,
+                             args.unsafe_load)
+    except KeyboardInterrupt:
+        print(f'error: interrupted\nnothing written to {args.dst}',
+              file=sys.stderr)
+        return 1
     except (OSError, ValueError) as e:
         print(f'error: {e}\nnothing written to {args.dst}', file=sys.stderr)
         return 1

@@ -17,6 +17,7 @@ import argparse
 import sys
 
 from kcla_mm.utils.checkpoint import publish_checkpoint
+from kcla_mm.utils.cli import sigterm_as_interrupt
 
 
 def parse_args(argv=None):
@@ -40,8 +41,13 @@ def main(argv=None) -> int:
               f'{args.keep_keys}', file=sys.stderr)
         return 1
     try:
-        final, sha, removed = publish_checkpoint(
-            args.in_file, args.out_file, args.keep_keys, args.unsafe_load)
+        with sigterm_as_interrupt():
+            final, sha, removed = publish_checkpoint(
+                args.in_file, args.out_file, args.keep_keys,
+                args.unsafe_load)
+    except KeyboardInterrupt:
+        print('error: interrupted\nnothing written', file=sys.stderr)
+        return 1
     except (OSError, ValueError) as e:
         print(f'error: {e}\nnothing written', file=sys.stderr)
         return 1

@@ -28,11 +28,13 @@ from mmengine.logging import MMLogger
 
 from kcla_mm import ResNetKCLA, __version__
 from kcla_mm.models.backbones.resnet_kcla import LAYER_ATTENTIONS
-from kcla_mm.utils.checkpoint import (CheckpointMismatchError, format_keys,
+from kcla_mm.utils.checkpoint import (CheckpointMismatchError,
+                                      check_output_file, format_keys,
                                       format_mismatch, get_state_dict,
                                       group_by_module, load_checkpoint_file,
                                       merge_resnet_state_dict,
                                       save_checkpoint_atomic, split_backbone)
+from kcla_mm.utils.cli import sigterm_as_interrupt
 
 
 def parse_args(argv=None):
@@ -78,6 +80,7 @@ def convert(src: str, dst: str, depth: int, layer_attention: str = 'KCLA',
             :class:`CheckpointMismatchError`) mismatched keys. Nothing is
             written then.
     """
+    check_output_file(dst, src)
     checkpoint = load_checkpoint_file(src, unsafe_load)
     state_dict, other = split_backbone(get_state_dict(checkpoint))
     model = ResNetKCLA(
@@ -128,9 +131,14 @@ def main(argv=None) -> int:
     # readable
     MMLogger.get_instance('resnet_to_kcla', log_level='WARNING')
     try:
-        result = convert(args.src, args.dst, args.depth,
-                         args.layer_attention, args.head_dim, args.seed,
-                         args.max_list, args.unsafe_load)
+        with sigterm_as_interrupt():
+            result = convert(args.src, args.dst, args.depth,
+                             args.layer_attention, args.head_dim, args.seed,
+                             args.max_list, args.unsafe_load)
+    except KeyboardInterrupt:
+        print(f'error: interrupted\nnothing written to {args.dst}',
+              file=sys.stderr)
+        return 1
     except (OSError, ValueError) as e:
         print(f'error: {e}\nnothing written to {args.dst}', file=sys.stderr)
         return 1
