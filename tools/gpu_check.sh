@@ -31,7 +31,7 @@ ARCH="$("$PY" -c \
     'import torch as t; print("%d.%d" % t.cuda.get_device_capability())')"
 export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-$ARCH}"
 # the system compiler: a wrapper CXX that links libstdc++ statically made the
-# extension crash in its error messages (README, "On a GPU")
+# extension crash in its error messages (docs/gpu.md, "Known pitfalls")
 if ! FORCE_CUDA=1 CC=gcc CXX=g++ MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
         "$PY" setup.py build_ext --inplace > "$LOG_DIR/build.log" 2>&1; then
     tail -30 "$LOG_DIR/build.log"

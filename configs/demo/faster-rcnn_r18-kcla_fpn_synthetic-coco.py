@@ -28,12 +28,12 @@ model = dict(
         norm_cfg=dict(type='BN', requires_grad=True),
         norm_eval=False,
         kcla_drop_path=0.0,
-        # From scratch and only 300 iterations: with the spec's branch-BN
-        # weight 1 every block adds an O(1) post-ReLU branch from step 0 and
-        # this short run is unstable (bbox AP 0.10 / 0.35 for seeds 0 / 1;
-        # LA and MRLA-light likewise), while 0.01 starts each block close to
-        # the plain ResNet (see README, "Status"). The COCO configs
-        # (ImageNet-initialised backbone, 12 epochs) keep the spec's 1.
+        # From scratch and only 300 iterations: with the method's branch-BN
+        # weight 1 (docs/method.md §2) every block adds an O(1) post-ReLU
+        # branch from step 0 and this short run is unstable (bbox AP 0.10 /
+        # 0.35 for seeds 0 / 1; LA and MRLA-light likewise), while 0.01
+        # starts each block close to the plain ResNet. The COCO configs
+        # (ImageNet-initialised backbone, 12 epochs) keep the method's 1.
         kcla_norm_init=0.01,
         init_cfg=None),
     neck=dict(in_channels=[32, 64, 128, 256], out_channels=width),

@@ -87,8 +87,9 @@ def torch_ops_only() -> bool:
     """Whether KCLA must run its PyTorch ops whatever ``impl`` says.
 
     True while torch.jit traces or torch.export exports the running code
-    (FLOP counts and exported graphs then see the spec's ops; export's fake
-    tensors have no data for the extension), inside a torch.func transform
+    (FLOP counts and exported graphs then see the reference PyTorch ops;
+    export's fake tensors have no data for the extension), inside a
+    torch.func transform
     (vmap, grad, jacrev, ...: the extension's autograd Functions have no
     functorch rules) and while a forward-mode AD dual level is open (the
     kernels carry no tangents, also under no_grad).

@@ -1,4 +1,4 @@
-"""KCLAStateAdapter in inference (spec section 3, Algorithm 1) as one
+"""KCLAStateAdapter in inference (docs/method.md §3, Algorithm 1) as one
 ``kcla_mm._ext`` call.
 
 From the incoming state (U (B, C', H', W'), Z (B, G')), with the adapter's

@@ -1,4 +1,4 @@
-"""The fused KCLA branch (spec section 2, steps 4-8) as autograd ops.
+"""The fused KCLA branch (docs/method.md §2, steps 4-8) as autograd ops.
 
 For a block output ``x`` (B, C, H, W), the state ``u`` before it, per-head
 weights ``w``, the updated normaliser ``z`` and the head gate ``gate``

@@ -1,4 +1,4 @@
-"""KCLALayer's per-head scalars (spec section 2, steps 1-3) as one op.
+"""KCLALayer's per-head scalars (docs/method.md §2, steps 1-3) as one op.
 
 From the pooled block output ``pooled`` (B, C) and the ECA kernels, the
 temperatures ``norm_d`` (G,) and the gate's (G, G) weight::

@@ -1,4 +1,5 @@
-"""The KCLA state update, spec steps 4-5, as a fused op with a reference.
+"""The KCLA state update (docs/method.md §2, steps 4-5) as a fused op with a
+reference.
 
 For a block output ``x`` (B, C, H, W) split into G heads of d = C / G
 channels, per-head layer weights ``w`` (B, G) and the already updated

@@ -1,6 +1,6 @@
 """Checkpoint conversion for ResNetKCLA, and atomic checkpoint writing.
 
-Two sources of weights (spec section 5):
+Two sources of weights (docs/method.md §5):
 
 1. The KCLA authors' checkpoints (``bgx666/KCLA``, ``imagenet/
    kcla_resnet.py``): ``torch.save({'epoch', 'arch', 'state_dict',

@@ -1,4 +1,4 @@
-"""A deliberately naive implementation of the KCLA spec, for the tests.
+"""A deliberately naive implementation of docs/method.md, for the tests.
 
 The history is a plain list of (per-head weights, tensor) pairs and every
 aggregate is recomputed from the whole list, so it shares nothing with the
@@ -42,7 +42,8 @@ def head_weight(key_head, s):
 
 
 def naive_kcla(layers, xs):
-    """Run the spec's equations over the layers (eval mode, no drop-path).
+    """Run docs/method.md's equations over the layers (eval mode, no
+    drop-path).
 
     The history is a plain list of (per-head weights, tensor) pairs; the
     aggregate is recomputed from the whole list at every layer.

@@ -1,4 +1,4 @@
-"""torch.export exports the KCLA models with the spec's PyTorch ops.
+"""torch.export exports the KCLA models with the reference PyTorch ops.
 
 torch.export cannot run the extension's calls (its fake tensors have no
 data), so while it exports a KCLA layer takes its PyTorch path whatever

@@ -1,4 +1,4 @@
-"""KCLALayer against a deliberately naive implementation of the spec."""
+"""KCLALayer against a deliberately naive implementation of docs/method.md."""
 import copy
 import math
 
@@ -63,9 +63,9 @@ def test_block_tail_inputs_equal_naive_spec(impl, dtype, grad, fold_adapters,
                                             monkeypatch):
     """The backbone's call: the block's branch before its last norm, the
     shortcut and that norm (relu_input, shortcut, tail_norm), in eval mode,
-    against the naive spec on X = ReLU(norm(s) + r). Without grad the fused
-    layer runs as one kcla_layer_inference call; the adapters run folded
-    into one matmul (their BN is a plain BatchNorm2d) or, forced, the
+    against the naive implementation on X = ReLU(norm(s) + r). Without grad
+    the fused layer runs as one kcla_layer_inference call; the adapters run
+    folded into one matmul (their BN is a plain BatchNorm2d) or, forced, the
     generic way (conv, BN, GAP in turn)."""
     if not fold_adapters:
         monkeypatch.setattr(kcla.KCLAStateAdapter, 'folds', lambda self: False)

@@ -8,7 +8,7 @@ from kcla_mm.models import ResNetKCLA
 from kcla_mm.models.necks import KCLADecoderAttention
 from .naive_kcla import naive_bn_eval, naive_kcla, randomise
 
-# the KCLA authors' segmentation encoder (spec: "small segmentation encoder")
+# the KCLA authors' small segmentation encoder (head dim 16, docs/method.md)
 SMALL_ENCODER = dict(
     depth=18,
     stem_channels=16,

@@ -21,7 +21,8 @@ EPS = 1e-3
 
 
 def reference_branch(x, u, w, z, gate, weight, norm, keep):
-    """Spec steps 4-8 with torch ops (BN as nn.BatchNorm2d does it)."""
+    """docs/method.md §2, steps 4-8, with torch ops (BN as nn.BatchNorm2d
+    does it)."""
     b, c, h, wd = x.shape
     g = w.shape[1]
     rep = c // g
@@ -222,7 +223,8 @@ def test_lane_groups_without_state_gradients(c, g):
 
 def reference_heads(pooled, q_kernel, k_kernel, norm_d, gate_weight, z,
                     key_eps=1e-6):
-    """Spec steps 1-3 with torch ops: (w, z_next, gate), each (B, G)."""
+    """docs/method.md §2, steps 1-3, with torch ops: (w, z_next, gate), each
+    (B, G)."""
     b, c = pooled.shape
     g = norm_d.shape[0]
     pad = (q_kernel.numel() - 1) // 2

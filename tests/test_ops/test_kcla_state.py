@@ -1,4 +1,5 @@
-"""The fused state op equals the plain-PyTorch equations (spec steps 4-5)."""
+"""The fused state op equals the plain-PyTorch equations (docs/method.md §2,
+steps 4-5)."""
 import pytest
 import torch
 

@@ -1,6 +1,6 @@
 """tools/analysis/{key_correlation,attention_maps,complexity}.py: the numbers
-they write are recomputed here independently (from the spec's formulas and
-the layers' own weights), on small ResNet-18 backbones (base width 16, head
+they write are recomputed here independently (from docs/method.md's formulas
+and the layers' own weights), on small ResNet-18 backbones (base width 16, head
 dim 16) and three tiny random PNGs."""
 import json
 import logging
@@ -224,7 +224,7 @@ def spec_weight(key, num_heads):
 def test_attention_maps_kcla_weights(tools, image_dir, tmp_path,
                                      init_blocks):
     """Effective weights: non-negative, sum to 1 per head up to eps, and
-    equal to w_s / (Z + eps) recomputed here from the spec's formulas
+    equal to w_s / (Z + eps) recomputed here from docs/method.md's formulas
     (the carried state's z through the adapter's own conv/BN/key conv).
     init_blocks (0, 1): block 1 re-anchors the state too (config path)."""
     image = str(image_dir / 'img1.png')
@@ -262,7 +262,7 @@ def test_attention_maps_kcla_weights(tools, image_dir, tmp_path,
         pooled = x.mean((2, 3))
         key = eca(layer.k_conv, pooled)
         w = spec_weight(key, g)[0]
-        if layer.adapter is not None:  # spec section 3, by hand
+        if layer.adapter is not None:  # docs/method.md §3, by hand
             b, c_in, h, wd = u.shape
             a = (u.view(b, z_in.shape[1], -1, h, wd) /
                  z_in.view(b, -1, 1, 1, 1)).view(b, c_in, h, wd)
@@ -366,7 +366,7 @@ def test_attention_maps_mrla_light(tools, image_dir, tmp_path):
 # ------------------------------------------------------------ complexity
 def test_param_counts(tools):
     """parameter_count == sum(numel); KCLA adds 293,101 parameters to
-    mmdet's ResNet-50 (spec: about 0.3M)."""
+    mmdet's ResNet-50 (docs/method.md §2: 0.293M)."""
     from mmdet.models.backbones import ResNet
     cx = tools['complexity']
     counts = {}

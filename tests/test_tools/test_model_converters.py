@@ -3,9 +3,9 @@ publishing, and the model index.
 
 The authors' architecture is rebuilt here independently of kcla_mm (plain
 PyTorch modules with the names of ``bgx666/KCLA``'s ``imagenet/
-kcla_resnet.py``, computing the spec's equations), saved in their format and
-converted; ResNetKCLA with the converted weights must then compute the same
-features.
+kcla_resnet.py``, computing docs/method.md's equations), saved in their
+format and converted; ResNetKCLA with the converted weights must then
+compute the same features.
 """
 import glob
 import hashlib
@@ -33,7 +33,7 @@ def tool(name):
 
 
 # --------------------------------------------------------------------------
-# The authors' architecture, independently (spec sections 2, 3 and 5)
+# The authors' architecture, independently (docs/method.md §2, §3, §5)
 # --------------------------------------------------------------------------
 def eca_kernel(channels):
     t = int(abs((math.log2(channels) + 1) / 2))
@@ -480,7 +480,7 @@ def test_resnet_to_kcla_loads_and_reports(torchvision_r50, tmp_path, capsys):
     assert tool('resnet_to_kcla').main([src, dst, '--depth', '50']) == 0
     out = capsys.readouterr().out
     assert 'loaded: 265 tensors' in out
-    # 16 KCLA layers, 0.293M parameters (the spec's 0.302M less the first
+    # 16 KCLA layers, 0.293M parameters (the authors' 0.302M less the first
     # layer's adapter, which the authors build but never run)
     assert 'new: 165 tensors in 16 KCLA modules (0.293M parameters' in out
     assert ('  layer1_attn.0 (9 tensors): bn, q_conv, k_conv, v_conv, gate\n'
@@ -496,7 +496,7 @@ def test_resnet_to_kcla_loads_and_reports(torchvision_r50, tmp_path, capsys):
     for key, value in state_dict.items():
         if not key.startswith('fc.'):
             assert torch.equal(merged[key], value), key
-    # the KCLA layers carry the spec's fresh init
+    # the KCLA layers carry docs/method.md's fresh init
     assert torch.equal(merged['layer3_attn.2.bn.weight'], torch.ones(1024))
     assert merged['layer3_attn.2.v_conv.weight'].std() > 0
     ResNetKCLA(depth=50).load_state_dict(merged, strict=True)

@@ -3,13 +3,14 @@
 For every attention layer of a ResNetKCLA backbone this tool plots how much
 its aggregate draws on each earlier layer of its stage, per head:
 
-KCLA (spec section 2). The aggregate A = U / (Z + eps) with U = sum_s w_s X^s
-and Z = sum_s w_s is a softmax-like average of the layers in the state:
+KCLA (docs/method.md §2). The aggregate A = U / (Z + eps) with
+U = sum_s w_s X^s and Z = sum_s w_s is a softmax-like average of the layers
+in the state:
 
     a_ts = w_s / (Z_t + eps),   w_s = exp(min(|K^s_g| * s_g, 10))
 
 per head g, over the layers s of the current state. The cross-stage adapter
-(spec section 3) re-initialises the state at every init layer (block 0 of a
+(docs/method.md §3) re-initialises the state at every init layer (block 0 of a
 stage, and block 11 of long stages) with U = z A', Z = z: everything before
 it enters as one extra source, the entry "carried state", whose weight is
 z / (Z_t + eps). The weights are non-negative and sum to Z_t / (Z_t + eps),
@@ -18,7 +19,7 @@ z and the gate from each layer's own submodules (q_conv, k_conv, norm_d,
 gate, adapter) on the layer's input (forward pre-hooks) and checks that the
 sum of the weights equals the Z of the state the layer returns.
 
-MRLA-light (spec section 6): o_t = gate_t * DWConv(X^t) + lambda_t * X_in,t,
+MRLA-light (docs/method.md §6): o_t = gate_t * DWConv(X^t) + lambda_t * X_in,t,
 out_t = X^t + BN_t(o_t). Inside a stage X_in,t = out_{t-1} (no downsample
 after block 0), and in eval mode BN_r(o) = alpha_r * o + beta_r with
 alpha_r = gamma_r / sqrt(running_var_r + eps_bn). Unrolling the lambda path,

@@ -125,7 +125,7 @@ def counting_faults(fn: Callable[[], None],
                     counts: list) -> Callable[[], None]:
     """``fn``, appending the minor page faults of each call to ``counts``
     (on the CPU, glibc's heap trimming hands memory back to the system and
-    the next step faults it in again; see README)."""
+    the next step faults it in again; see docs/benchmarks.md)."""
     def counted():
         before = minor_faults()
         fn()

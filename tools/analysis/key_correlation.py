@@ -1,10 +1,10 @@
 """Cosine similarity of the KCLA keys of the layers within each stage.
 
-The paper's central observation (spec section 1): the keys K^s of the layers
+The paper's central observation (docs/method.md §1): the keys K^s of the layers
 of a stage point in nearly the same direction, so softmax(Q.K^s) depends on
 s only through |K^s|. For every attention layer of a ResNetKCLA backbone this
 tool computes the key of each image, K = Conv1d_k(GAP(X)) (B, C) with X the
-block output the layer receives (spec section 2, step 1; read by a forward
+block output the layer receives (docs/method.md §2, step 1; read by a forward
 pre-hook, the key recomputed from the layer's own ``k_conv``), and for every
 pair of layers (s, t) of a stage (all of them have C channels):
 
@@ -76,7 +76,7 @@ def collect_keys(model: torch.nn.Module, images: torch.Tensor,
 
     X is the input of the layer (the block output), captured by a forward
     pre-hook; the key is recomputed from the layer's ``k_conv`` exactly as
-    the layer does (spec section 2, step 1).
+    the layer does (docs/method.md §2, step 1).
     """
     from kcla_mm.models.layers.eca import eca_project
     layers = attention_layers(model)

@@ -1,11 +1,11 @@
 """Start a ResNetKCLA checkpoint from plain ResNet weights.
 
-No KCLA ImageNet weights have been published (spec section 5), so a
+No KCLA ImageNet weights have been published (docs/method.md §5), so a
 ResNetKCLA usually starts from a plain ResNet: torchvision's files
 (``conv1.weight``, ``bn1.*``, ``layer1.0.conv1.weight`` ..., ``fc.*``), or
 an mmdet / mmseg / mmpretrain checkpoint (the same names under
 ``backbone.``; ``module.`` is stripped too). The tool builds ResNetKCLA,
-runs its initialisation (the layer-attention modules get the spec's init,
+runs its initialisation (the layer-attention modules get docs/method.md's init,
 seeded by ``--seed``), loads the ResNet weights over it and reports exactly
 which keys were loaded, which are new (listed by module) and which were not
 used (``fc.*``, necks and heads). The full state dict is written atomically

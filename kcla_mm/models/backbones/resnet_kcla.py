@@ -96,7 +96,7 @@ class ResNetKCLA(BaseModule):
         kcla_drop_path (float): drop-path rate of the attention branch.
             Defaults to 0.2.
         kcla_norm_init (float): initial weight of each KCLA branch's BN
-            (spec: 1). Defaults to 1.0.
+            (docs/method.md: 1). Defaults to 1.0.
         state_init_blocks (Sequence[int]): blocks (index within a stage)
             whose KCLA layer re-initialises the state through the
             cross-stage adapter; must contain 0. Defaults to (0, 11).
@@ -461,7 +461,8 @@ class ResNetKCLA(BaseModule):
                     param.requires_grad = False
 
     def init_weights(self) -> None:
-        """Initialise the attention layers by their own (the spec's) scheme.
+        """Initialise the attention layers by their own scheme
+        (docs/method.md §2).
 
         With a ``Pretrained`` init_cfg they are initialised first and the
         checkpoint is loaded over them (plain ResNet weights lack them);

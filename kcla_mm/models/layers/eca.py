@@ -11,7 +11,7 @@ from .utils import hooked, state_dtype
 
 
 def eca_kernel_size(channels: int) -> int:
-    """Kernel size of the ECA Conv1d for ``channels`` (spec section 2).
+    """Kernel size of the ECA Conv1d for ``channels`` (docs/method.md §2).
 
     t = int(|log2(C) + 1| / 2); k = t if t is odd else t + 1. For example
     64 -> 3, 128..1024 -> 5, 2048 -> 7.

@@ -1,4 +1,4 @@
-"""Key-Correlated Layer Attention (KCLA), spec sections 2-4.
+"""Key-Correlated Layer Attention (KCLA), docs/method.md §2-4.
 
 Every residual block's output X attends to all earlier block outputs of the
 network through a recurrent state (U, Z) (:class:`KCLAState`), so the cost
@@ -57,7 +57,8 @@ def grouped_pointwise(x: Tensor, conv: nn.Conv2d) -> Tensor:
 
 
 class KCLAStateAdapter(BaseModule):
-    """Cross-stage adaptation of a carried state (spec section 3, Algorithm 1).
+    """Cross-stage adaptation of a carried state (docs/method.md §3, the
+    paper's Algorithm 1).
 
     A' = BN(Conv1x1(U / Z)) (the conv only when width or resolution
     changes), and the key k_u = Conv1d_u(GAP(A')) that weighs it. With
@@ -232,7 +233,7 @@ class KCLAStateAdapter(BaseModule):
 
 
 class KCLALayer(BaseModule):
-    """The KCLA layer placed after one residual block (spec section 2).
+    """The KCLA layer placed after one residual block (docs/method.md §2).
 
     With G = C / head_dim heads and X the block output (B, C, H, W)::
 
@@ -276,9 +277,10 @@ class KCLALayer(BaseModule):
             resolution instead (pyramid levels). Defaults to False.
         norm_cfg (dict): norm config of the Y branch and the adapter.
             Defaults to ``dict(type='BN')``.
-        norm_init (float): initial weight of the Y branch's norm; the spec
-            (and the authors) use 1. Smaller values start every block closer
-            to the plain ResNet, which steadies short from-scratch training.
+        norm_init (float): initial weight of the Y branch's norm; the
+            method (docs/method.md §2) and the authors use 1. Smaller values
+            start every block closer to the plain ResNet, which steadies
+            short from-scratch training.
             Defaults to 1.0.
         eps (float): added to Z before dividing. Defaults to 1e-3.
         key_eps (float): lower bound of |K| in the gate (zero inputs).

@@ -1,7 +1,7 @@
 """Standard (quadratic) layer attention, the baseline KCLA approximates.
 
 Within a stage, block t attends to the keys K^s and values V^s = DWConv(X^s)
-of all blocks s <= t with a per-head softmax over s (spec section 6).
+of all blocks s <= t with a per-head softmax over s (docs/method.md §6).
 Time is O(t) per block (O(D^2) in depth) and the cache grows with t.
 """
 import math

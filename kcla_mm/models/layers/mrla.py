@@ -3,7 +3,7 @@
 o = sigmoid(<Q_g, K_g> / sqrt(d)) * DWConv3x3(X)_g + lambda * X_in, with X_in
 the block's input after its downsample; out = X + DropPath(BN(o)). Earlier
 layers reach block t through X_in, decaying geometrically with products of
-lambda (spec section 6).
+lambda (docs/method.md §6).
 """
 import math
 from typing import Optional, Tuple

@@ -7,7 +7,7 @@ from kcla_mm.ops.kcla_branch import StateTape
 
 
 class KCLAState(NamedTuple):
-    """KCLA's recurrent state after a layer (spec section 2, step 4).
+    """KCLA's recurrent state after a layer (docs/method.md §2, step 4).
 
     Attributes:
         u (Tensor): U = sum_s w_s * X^s, (B, C, H, W), float32.

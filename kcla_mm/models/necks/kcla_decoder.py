@@ -17,9 +17,9 @@ class KCLADecoderAttention(BaseModule):
 
     The decoder stages run from coarse to fine; stage i's output D_i
     (B, C_i, H_i, W_i) becomes ``D_i + Y_i``, where Y_i attends to
-    D_0..D_i through KCLA's recurrent state (U, Z) (spec section 2). Between
+    D_0..D_i through KCLA's recurrent state (U, Z) (docs/method.md §2). Between
     stages the state is bridged like the backbone's cross-stage adapter
-    (spec section 3), except that A' = U / Z is resized bilinearly up to the
+    (docs/method.md §3), except that A' = U / Z is resized bilinearly up to the
     finer stage's resolution, and the grouped 1x1 conv only changes width.
 
     Args:
@@ -32,8 +32,8 @@ class KCLADecoderAttention(BaseModule):
             Defaults to 0.0.
         norm_cfg (dict): norm of the attention branch and adapters.
             Defaults to ``dict(type='BN')``.
-        norm_init (float): initial weight of each branch norm (spec: 1).
-            Defaults to 1.0.
+        norm_init (float): initial weight of each branch norm (1 in
+            docs/method.md §2). Defaults to 1.0.
         impl (str): ``'auto'``, ``'fused'`` or ``'torch'``.
             Defaults to ``'auto'``.
         init_cfg (dict or list[dict], optional): initialisation config.

@@ -19,9 +19,9 @@ class KCLAFPN(FPN):
     top-down path carries coarse context to the fine levels; KCLAFPN then
     runs one KCLA pass over the ``num_outs`` outputs from the finest level to
     the coarsest, so every level P_i becomes ``P_i + Y_i`` where Y_i attends
-    to P_0..P_i through KCLA's recurrent state (U, Z) (spec section 2).
+    to P_0..P_i through KCLA's recurrent state (U, Z) (docs/method.md §2).
     Between levels the state is bridged like the backbone's cross-stage
-    adapter (spec section 3) but by bilinear resizing of A' = U / Z instead
+    adapter (docs/method.md §3) but by bilinear resizing of A' = U / Z instead
     of a strided convolution (all levels have ``out_channels`` channels).
 
     Args:

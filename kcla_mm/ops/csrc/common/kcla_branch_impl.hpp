@@ -1,4 +1,4 @@
-// Declarations of the fused KCLA branch ops (spec section 2, steps 4-8),
+// Declarations of the fused KCLA branch ops (docs/method.md §2, steps 4-8),
 // with the block's final ReLU and KCLA's GAP folded in.
 //
 // Shapes: s, x, u, u_next, u_prev, out and their gradients: (B, C, H, W)
@@ -161,7 +161,7 @@ void kcla_heads_backward_impl(
     at::Tensor grad_k_kernel, at::Tensor grad_gate_weight, double key_eps,
     double max_log_weight);
 
-// KCLAStateAdapter in inference (spec section 3, Algorithm 1), its eval BN
+// KCLAStateAdapter in inference (docs/method.md §3, Algorithm 1), its eval BN
 // (bn_weight, bn_bias, bn_mean, bn_var, bn_eps) folded: from the incoming
 // state u (B, C', H', W'), z (B, G') with G' dividing C', the new state
 //   A'    = BN(Conv1x1(U / Z)), the grouped (G groups) 1x1 conv `weight`

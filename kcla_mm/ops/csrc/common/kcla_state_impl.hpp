@@ -1,4 +1,5 @@
-// Device-independent declarations of the KCLA state op (spec steps 4-5).
+// Device-independent declarations of the KCLA state op (docs/method.md §2,
+// steps 4-5).
 // Declared once here; pytorch/kcla_state.cpp dispatches them, the device
 // files register their launchers for them.
 //

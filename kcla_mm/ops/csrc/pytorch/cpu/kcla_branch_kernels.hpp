@@ -815,7 +815,7 @@ void branch_train_forward(
       });
 }
 
-// The heads' parameters (spec section 2, steps 1-3): ECA kernels kq, kk
+// The heads' parameters (docs/method.md §2, steps 1-3): ECA kernels kq, kk
 // of an odd number k of elements, the temperatures norm_d (G elements) and
 // gate_w (G, G), raw.
 template <typename T>
@@ -857,7 +857,7 @@ void eca_pair(const HeadOperands<T>& h, const T* pooled, int64_t C,
   eca<T>(h.kk, h.k, pooled, C, key);
 }
 
-// A head's layer weight from its key's norm (spec step 2):
+// A head's layer weight from its key's norm (docs/method.md §2, step 2):
 // exp(min(|K_g| / norm_d_g, max_log)).
 inline double layer_weight(double key_norm, double norm_d, double max_log) {
   return std::exp(std::min(key_norm / norm_d, max_log));
@@ -1077,7 +1077,7 @@ void layer_inference(at::Tensor& s, const at::Tensor& residual,
   }
 }
 
-// The cross-stage adapter in inference (spec section 3, Algorithm 1, its
+// The cross-stage adapter in inference (docs/method.md §3, Algorithm 1, its
 // eval BN folded into scale, shift). With U_s = u at stride s (B, C', h, w),
 // W_b = the grouped 1x1 conv weight (C, C' / G) over each input channel's
 // incoming Z, per sample: GAP(A') = scale * (W_b GAP(U_s)) + shift (A' is
