@@ -92,7 +92,8 @@ def run_main(tool, argv):
 
 def assert_refused(tool, argv, capsys, tmp_path, *fragments):
     """Exit code 1, one ``error:`` message naming ``fragments``, no
-    traceback, and nothing under ``tmp_path`` changed."""
+    traceback, and nothing under ``tmp_path`` changed; returns the
+    message."""
     before = tree_snapshot(tmp_path)
     assert run_main(tool, argv) == 1
     err = capsys.readouterr().err
@@ -100,6 +101,7 @@ def assert_refused(tool, argv, capsys, tmp_path, *fragments):
     for fragment in fragments:
         assert fragment in err, err
     assert tree_snapshot(tmp_path) == before
+    return err
 
 
 def write_zip_member(path, member, data=None, stream=None,
@@ -176,41 +178,25 @@ def write(path, data):
 # outputs that would reach an input
 # --------------------------------------------------------------------------
 @all_layouts
-def test_output_that_is_a_download_is_refused(layout, tmp_path, capsys):
+@pytest.mark.parametrize('how', [
+    'is the download', 'lies inside the download', 'is the zip download',
+    'is a symlink to the download'
+])
+def test_output_reaching_a_download_is_refused(layout, how, tmp_path,
+                                               capsys):
     tool = LAYOUTS[layout][0]
-    raw = make_raw(tmp_path, layout)
+    raw = make_raw(tmp_path, layout, as_zip=how == 'is the zip download')
     download = osp.join(raw, LAYOUTS[layout][2].split('/')[0])
-    assert_refused(tool, [raw, download, '--overwrite'], capsys, tmp_path,
-                   f'out_dir {download}', 'download')
-
-
-@all_layouts
-def test_output_inside_a_download_is_refused(layout, tmp_path, capsys):
-    tool = LAYOUTS[layout][0]
-    raw = make_raw(tmp_path, layout)
-    out = osp.join(raw, LAYOUTS[layout][2], 'converted')
-    assert_refused(tool, [raw, out], capsys, tmp_path, f'out_dir {out}',
-                   'download')
-
-
-@all_layouts
-def test_output_that_is_a_zip_download_is_refused(layout, tmp_path, capsys):
-    tool = LAYOUTS[layout][0]
-    raw = make_raw(tmp_path, layout, as_zip=True)
-    download = osp.join(raw, ZIPS[layout][0])
-    assert_refused(tool, [raw, download, '--overwrite'], capsys, tmp_path,
-                   f'out_dir {download}', 'download')
-
-
-@all_layouts
-def test_output_reached_through_a_symlink_is_refused(layout, tmp_path,
-                                                     capsys):
-    tool = LAYOUTS[layout][0]
-    raw = make_raw(tmp_path, layout)
-    link = str(tmp_path / 'link')
-    os.symlink(osp.join(raw, LAYOUTS[layout][2].split('/')[0]), link)
-    assert_refused(tool, [raw, link, '--overwrite'], capsys, tmp_path,
-                   f'out_dir {link}', 'download')
+    out = {
+        'is the download': download,
+        'lies inside the download': osp.join(raw, LAYOUTS[layout][2], 'new'),
+        'is the zip download': osp.join(raw, ZIPS[layout][0]),
+        'is a symlink to the download': str(tmp_path / 'link'),
+    }[how]
+    if how == 'is a symlink to the download':
+        os.symlink(download, out)
+    assert_refused(tool, [raw, out, '--overwrite'], capsys, tmp_path,
+                   f'out_dir {out}', 'download')
 
 
 # --------------------------------------------------------------------------
@@ -257,12 +243,9 @@ def test_undecodable_image_is_named_by_its_path(layout, tmp_path, capsys):
     raw = make_raw(tmp_path, layout, as_zip=True)
     path, member = first_member(raw, layout, 2)
     write_zip_member(path, member, b'not an image')
-    before = tree_snapshot(tmp_path)
-    assert run_main(tool, [raw, str(tmp_path / 'out')]) == 1
-    err = capsys.readouterr().err
-    assert err.startswith(f'error: cannot read {member} in {path}')
+    err = assert_refused(tool, [raw, str(tmp_path / 'out')], capsys,
+                         tmp_path, f'error: cannot read {member} in {path}')
     assert 'BytesIO' not in err
-    assert tree_snapshot(tmp_path) == before
 
 
 @pytest.mark.parametrize('value', ['0', '-5', str(2**40)])
