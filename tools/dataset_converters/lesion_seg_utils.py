@@ -148,8 +148,6 @@ class RawArchive:
             if self._zip is not None:
                 return self._read_member(member, where)
             return self._read_file(member, where)
-        except ConversionError:
-            raise
         except (OSError, EOFError, RuntimeError, NotImplementedError,
                 zipfile.BadZipFile, zlib_error) as e:
             raise ConversionError(f'cannot read {where}: {e}') from e
