@@ -51,6 +51,15 @@ for sym in "kcla_state_forward_cuda(" "kcla_branch_backward_cuda("; do
         exit 1
     fi
 done
+# the device code is built for exactly the architectures named in
+# TORCH_CUDA_ARCH_LIST ("8.0;9.0+PTX" -> sm_80, sm_90)
+WANTED="$(echo "$TORCH_CUDA_ARCH_LIST" | tr ' ;' '\n\n' | sed -e 's/+PTX//' -e 's/\.//' \
+    | grep -v '^$' | sed 's/^/sm_/' | sort -u | tr '\n' ' ')"
+BUILT="$(grep -o 'code=sm_[0-9a-z]*' "$OUT/tmp/build.ninja" | cut -d= -f2 | sort -u | tr '\n' ' ')"
+if [ "$WANTED" != "$BUILT" ]; then
+    echo "[cuda-check] error: built for [$BUILT], TORCH_CUDA_ARCH_LIST names [$WANTED]" >&2
+    exit 1
+fi
 # a launcher whose definition does not match its registration's type stays
 # an undefined symbol of the library (found only at import time otherwise)
 UNDEFINED="$(nm -C --undefined-only "$SO" | grep -F "_cuda(" || true)"

@@ -20,8 +20,8 @@ import shutil
 import sys
 import time
 
-from demo_utils import (ROOT, latest, make_work_dir, require_at_least, run,
-                        wheel_tool)
+from demo_utils import ROOT, latest, make_work_dir, require_at_least, run
+from library_tools import wheel_tool
 
 CONFIG = osp.join(ROOT, 'configs', 'demo',
                   'faster-rcnn_r18-kcla_fpn_synthetic-coco.py')
@@ -32,10 +32,9 @@ NAMES = ('AP', 'AP50', 'AP75', 'APs', 'APm', 'APl')
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--work-dir', default=osp.join(ROOT, 'work_dirs',
-                                                       'demo'))
+    parser.add_argument('--work-dir', default=osp.join('work_dirs', 'demo'))
     parser.add_argument('--data-root',
-                        default=osp.join(ROOT, 'data', 'synthetic_coco'))
+                        default=osp.join('data', 'synthetic_coco'))
     parser.add_argument('--config', default=CONFIG)
     parser.add_argument('--max-iters', type=int, default=None,
                         help='training iterations (default: the config\'s)')

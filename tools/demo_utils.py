@@ -1,13 +1,15 @@
 """Helpers shared by the demos (``demo.py``, ``seg_demo.py``)."""
 import argparse
 import glob
-import importlib
 import os
 import os.path as osp
 import subprocess
 import sys
 import tempfile
 
+# the folder that holds configs/ and tools/: the repository, or kcla_mm/.mim
+# where kcla_mm is installed from a wheel; data and work directories are
+# relative to the current directory instead
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 
@@ -36,21 +38,10 @@ def make_work_dir(path: str) -> str:
     return path
 
 
-def wheel_tool(package: str, name: str) -> str:
-    """Path of ``package``'s own tools/<name> (mmdet/mmseg ship them in their
-    wheels under ``.mim/tools``); exits if it is missing."""
-    module = importlib.import_module(package)
-    path = osp.join(osp.dirname(module.__file__), '.mim', 'tools', name)
-    if not osp.isfile(path):
-        sys.exit(f'error: {path} not found; is {package} installed from its '
-                 'wheel?')
-    return path
-
-
 def run(cmd: list) -> None:
-    """Run ``cmd`` in the repository root; exit if it fails."""
+    """Run ``cmd``; exit if it fails."""
     print('\n$ ' + ' '.join(cmd), flush=True)
-    result = subprocess.run(cmd, cwd=ROOT)
+    result = subprocess.run(cmd)
     if result.returncode != 0:
         sys.exit(f'error: {osp.basename(cmd[1])} failed with exit code '
                  f'{result.returncode}')

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Distributed training: torchrun + mmengine's `pytorch` launcher, running
-# mmdet's own tools/train.py (mmseg's for configs under configs/segmentation/).
+# tools/train.py (mmdet's own train.py, or mmseg's for a segmentation config).
 #
 #   tools/dist_train.sh CONFIG NPROC [train.py options, e.g. --work-dir DIR]
 #
@@ -22,11 +22,7 @@ if [ ! -f "$CONFIG" ]; then
   exit 2
 fi
 PYTHON=${PYTHON:-python}
-case "$CONFIG" in
-  */segmentation/*) CODEBASE=mmseg ;;
-  *) CODEBASE=mmdet ;;
-esac
-TRAIN=$("$PYTHON" -c "import os, $CODEBASE as m; print(os.path.join(os.path.dirname(m.__file__), '.mim', 'tools', 'train.py'))")
+TRAIN="$(dirname "$0")/train.py"
 
 CPU_OPTIONS=()
 if ! "$PYTHON" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then

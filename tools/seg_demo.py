@@ -26,8 +26,8 @@ import time
 import numpy as np
 from PIL import Image
 
-from demo_utils import (ROOT, latest, make_work_dir, require_at_least, run,
-                        wheel_tool)
+from demo_utils import ROOT, latest, make_work_dir, require_at_least, run
+from library_tools import wheel_tool
 
 CONFIG = osp.join(ROOT, 'configs', 'demo',
                   'res-unet_r18s-kcla_synthetic-isic2018.py')
@@ -39,9 +39,9 @@ METRICS = ('lesion_IoU', 'lesion_Dice', 'mean_image_IoU', 'mean_image_Dice',
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--work-dir',
-                        default=osp.join(ROOT, 'work_dirs', 'seg_demo'))
+                        default=osp.join('work_dirs', 'seg_demo'))
     parser.add_argument('--data-root',
-                        default=osp.join(ROOT, 'data', 'synthetic_isic2018'))
+                        default=osp.join('data', 'synthetic_isic2018'))
     parser.add_argument('--num-images', type=int, default=200,
                         help='synthetic images to generate (split 70/10/20)')
     parser.add_argument('--config', default=CONFIG)
