@@ -49,7 +49,7 @@ sys.exit(not (h("cuda") and h("cuda", "branch")))' || {
     tests/test_models/test_resnet_kcla_impls.py 2>&1 | tee "$LOG_DIR/tests.log"
 TESTS=${PIPESTATUS[0]}
 "$PY" tools/analysis/benchmark_kcla.py --device cuda --baseline resnetkcla \
-    --sections abcd --runs "${BENCHMARK_RUNS:-15}" --warmup 5 2>&1 \
+    --sections abcdf --runs "${BENCHMARK_RUNS:-15}" --warmup 5 2>&1 \
     | tee "$LOG_DIR/benchmark.log"
 BENCH=${PIPESTATUS[0]}
 echo "[gpu-check] tests exit $TESTS, benchmark exit $BENCH; logs in $LOG_DIR"

@@ -103,8 +103,8 @@ def test_network_section_prints_times_and_page_faults():
 
 
 @pytest.mark.parametrize('argv, message', [
-    (['--sections', 'xyz'], '--sections: letters of "abcde", got \'xyz\''),
-    (['--sections', ''], '--sections: letters of "abcde", got \'\''),
+    (['--sections', 'xyz'], '--sections: letters of "abcdef", got \'xyz\''),
+    (['--sections', ''], '--sections: letters of "abcdef", got \'\''),
     (['--runs', '0'], '--runs: must be an int >= 1, got 0'),
     (['--threads', '0'], '--threads: must be an int >= 1, got 0'),
     (['--warmup', '-1'], '--warmup: must be an int >= 0, got -1'),
@@ -119,4 +119,44 @@ def test_bad_arguments_name_the_option(argv, message, capsys):
         bench.parse_args(argv)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
-    assert bench.parse_args([]).sections == 'abcde'
+    assert bench.parse_args([]).sections == 'abcdef'
+
+
+def test_dispatch_count_counts_ops_syncs_and_extension_calls():
+    """(f)'s counter on known work: an add and a sum count, a view does
+    not, ``float()`` of a tensor is one op and one host synchronisation,
+    and each call into the extension counts once; the extension's
+    functions are its own again afterwards."""
+    import torch
+
+    from kcla_mm.ops import get_ext
+    bench = load_tool('benchmark_kcla')
+    x = torch.rand(3)
+    ext = get_ext()
+    original = ext.device_types
+    with bench.DispatchCount() as counts:
+        y = (x + 1).view(3, 1)
+        float(y.sum())
+        ext.device_types('state')
+    assert (counts.ops, counts.syncs, counts.ext_calls) == (3, 1, 1)
+    assert ext.device_types is original
+
+
+def test_dispatch_counts_bound_the_layer_attention_route():
+    """(f) on this machine's route, batch 2 at 96x96: the plain ResNet-50
+    calls no extension and never synchronises; ResNet-50-KCLA's inference
+    never synchronises and dispatches at most 1.3x the plain network's ops
+    + extension calls; its training step at most 2.5x, with at most one
+    synchronisation per block that can invert its incoming state (12 of
+    ResNet-50's 16). Bounds, so that the route cannot silently grow."""
+    import torch
+    bench = load_tool('benchmark_kcla')
+    plain, kcla = bench.build_pair('cpu')
+    x = torch.rand(2, 3, 96, 96)
+    for training, ratio, syncs in ((False, 1.3, 0), (True, 2.5, 12)):
+        base = bench.dispatch_counts(plain, x, training)
+        ours = bench.dispatch_counts(kcla, x, training)
+        assert (base.syncs, base.ext_calls) == (0, 0)
+        assert ours.ext_calls > 0
+        assert ours.syncs <= syncs
+        assert ours.ops + ours.ext_calls <= ratio * base.ops
