@@ -5,9 +5,9 @@
 #   tools/dist_train.sh CONFIG NPROC [train.py options, e.g. --work-dir DIR]
 #
 # Environment: PYTHON (default: python), NNODES, NODE_RANK, MASTER_ADDR, PORT.
-# Without a GPU the processes train on CPU: kcla_mm's compat shim lets
-# mmengine's launcher start and picks gloo; this script adds DDP without
-# device_ids.
+# Without a GPU the processes train on CPU: tools/train.py applies kcla_mm's
+# shim that lets mmengine's launcher start with gloo (in those processes
+# only); this script adds DDP without device_ids.
 set -euo pipefail
 
 if [ $# -lt 2 ]; then

@@ -41,5 +41,9 @@ def run_library_tool(name: str, doc: str) -> None:
         print(doc)
         sys.exit(0 if args else 2)
     tool = wheel_tool(config_library(args[0]), name)
+    # `--launcher pytorch` on a machine without a GPU: mmengine's launcher
+    # starts with gloo (patched in this process only)
+    from kcla_mm.utils import enable_cpu_distributed
+    enable_cpu_distributed()
     sys.argv = [tool] + args
     runpy.run_path(tool, run_name='__main__')

@@ -58,3 +58,24 @@ def test_is_exporting_inside_export():
 
     torch.export.export(Probe(), (torch.ones(2), ))
     assert seen and all(seen)
+
+
+def test_import_kcla_mm_leaves_mmengines_launcher_alone():
+    """A fresh interpreter: ``import kcla_mm`` keeps mmengine's ``pytorch``
+    launcher; only an explicit ``enable_cpu_distributed()`` (which
+    tools/train.py makes) replaces it, once however often it is called."""
+    import subprocess
+    import sys
+    code = (
+        'from mmengine.dist import utils\n'
+        'original = utils._init_dist_pytorch\n'
+        'import mmdet.models, mmseg.models, kcla_mm\n'
+        'print(utils._init_dist_pytorch is original)\n'
+        'from kcla_mm.utils import enable_cpu_distributed\n'
+        'enable_cpu_distributed()\n'
+        'shim = utils._init_dist_pytorch\n'
+        'enable_cpu_distributed()\n'
+        'print(shim is not original, utils._init_dist_pytorch is shim)\n')
+    result = subprocess.run([sys.executable, '-c', code], check=True,
+                            capture_output=True, text=True)
+    assert result.stdout.splitlines()[-2:] == ['True', 'True True']
