@@ -1,4 +1,6 @@
 """ResNetKCLA: mmdet ResNet's interface, KCLA's extras, registries."""
+import copy
+
 import pytest
 import torch
 from mmdet.models.backbones import ResNet
@@ -18,6 +20,38 @@ def test_parameter_overhead_r50_r101():
     # (layer1.attention.0's adapter, block 11's channel conv); without them:
     extra101 = n_params(ResNetKCLA(101)) - n_params(ResNet(101))
     assert 0.48e6 <= extra101 <= 0.54e6, extra101
+
+
+def sgd_step(model, optimizer, x):
+    model(x)[-1].square().mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+@pytest.mark.parametrize('depth', [50, 101])
+def test_kcla_off_resumes_an_mmdet_resnet_optimizer_state(depth):
+    """layer_attention=None registers its modules in mmdet's order (the
+    same state_dict and named_parameters), so the optimizer state of an
+    mmdet ResNet run (SGD momentum buffers, matched by position) loads and
+    the next step gives mmdet's parameters."""
+    torch.manual_seed(0)
+    ref = ResNet(depth, norm_eval=False)
+    ours = ResNetKCLA(depth, layer_attention=None, norm_eval=False)
+    assert list(ours.state_dict()) == list(ref.state_dict())
+    assert [n for n, _ in ours.named_parameters()] == \
+        [n for n, _ in ref.named_parameters()]
+    x = torch.rand(2, 3, 64, 64)
+    ref_sgd = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    sgd_step(ref, ref_sgd, x)
+    ours.load_state_dict(ref.state_dict())
+    ours_sgd = torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
+    # a copy, as from a checkpoint file (a state_dict shares its tensors)
+    ours_sgd.load_state_dict(copy.deepcopy(ref_sgd.state_dict()))
+    sgd_step(ref, ref_sgd, x)
+    sgd_step(ours, ours_sgd, x)
+    for (name, want), got in zip(ref.state_dict().items(),
+                                 ours.state_dict().values()):
+        torch.testing.assert_close(got, want, msg=name)
 
 
 @pytest.mark.parametrize('depth', [18, 34, 50, 101, 152])

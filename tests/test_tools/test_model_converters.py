@@ -362,8 +362,8 @@ def test_official_rejects_a_plain_resnet(tmp_path, capsys):
     # all but the stem (conv1, bn1: 6 tensors) fails
     assert 'unexpected keys (in the checkpoint, not in the model) (312)' in err
     assert 'missing keys (in the model, not in the checkpoint) (422)' in err
-    assert 'layer1.layers.0.downsample.0.weight (model: ' \
-        'layer1.0.downsample.0.weight)' in err
+    assert 'layer1.layers.0.conv1.weight (model: ' \
+        'layer1.0.conv1.weight)' in err
     assert 'resnet_to_kcla.py' in err
     assert sorted(os.listdir(tmp_path)) == ['resnet50.pth']
 

@@ -152,7 +152,6 @@ class Bottleneck(BaseModule):
                                  f'{PLUGIN_POSITIONS}, got '
                                  f'{plugin.get("position")!r}')
         self.with_cp = with_cp
-        self.downsample = downsample
         conv1_stride, conv2_stride = (1, stride) if style == 'pytorch' else (
             stride, 1)
         self.norm1_name, norm1 = build_norm_layer(norm_cfg, planes, postfix=1)
@@ -182,6 +181,9 @@ class Bottleneck(BaseModule):
             conv_cfg, planes, planes * self.expansion, 1, bias=False)
         self.add_module(self.norm3_name, norm3)
         self.relu = nn.ReLU(inplace=True)
+        # registered after the convs, as in mmdet: the same parameter order,
+        # so an mmdet run's optimizer state lines up with this network
+        self.downsample = downsample
         widths = dict(
             after_conv1=planes,
             after_conv2=planes,
