@@ -6,7 +6,7 @@ The extension is built as mmcv builds ``mmcv._ext``:
 * ``CUDAExtension`` (CPU + CUDA kernels) when ``torch.cuda.is_available()``
   or ``FORCE_CUDA=1``, for the GPU architectures in ``TORCH_CUDA_ARCH_LIST``
   (e.g. ``"8.0;9.0"``; unset, torch picks the visible GPUs' architectures,
-  or without a GPU every architecture its CUDA supports);
+  and without a visible GPU it fails with an IndexError: set the list);
 * ``KCLA_WITH_OPS=0`` skips the extension (the pure-PyTorch path is used);
 * ``MAX_JOBS`` limits parallel compile jobs (read by torch's ninja builder);
 * ``DEBUG=1`` compiles with ``-O0 -g``; otherwise without debug information

@@ -5,7 +5,8 @@ import os.path as osp
 import runpy
 import sys
 
-# a config's default_scope -> the package whose tools run it
+# the default_scopes of kcla_mm's configs, each the package whose tools
+# run such a config
 LIBRARIES = ('mmdet', 'mmseg')
 
 
