@@ -12,8 +12,10 @@ import torch
 import kcla_mm.ops.kcla_branch as kcla_branch_mod
 from kcla_mm.ops import has_device_impl, kcla_state_update
 from kcla_mm.ops.kcla_branch import GradHandoff, kcla_branch, relu_pool
+from kcla_mm.ops.kcla_adapter import kcla_adapter
 from kcla_mm.ops.kcla_heads import kcla_heads
 from ..test_models.test_resnet_kcla_impls import fused_and_torch
+from .test_kcla_adapter import conv_module, make_adapter_case
 from .test_kcla_branch import make_case
 from .test_kcla_heads import make_heads_case
 from .test_kcla_state import make_inputs
@@ -162,13 +164,29 @@ def state_loss(x, u, w, z):
     return u_next.sin().sum() + agg.square().sum()
 
 
+def adapter_case():
+    u, z, weight, stride, bn, k_kernel, norm_d = make_adapter_case(
+        16, 2, 32, 4, 2, 8, 6)
+    return u, z, conv_module(weight, stride, 4), stride, bn.train(), \
+        k_kernel, norm_d
+
+
+def adapter_loss(u, z, conv, stride, bn, k_kernel, norm_d):
+    u_out, z_out = kcla_adapter(u, z, conv, stride, bn, k_kernel, norm_d,
+                                10.0)
+    return u_out.sin().sum() + z_out.square().sum()
+
+
 @pytest.mark.parametrize('loss,case', [
     (heads_loss, lambda: make_heads_case(torch.float64)),
     (state_loss, lambda: make_inputs(torch.float64)),
-], ids=['heads', 'state'])
-def test_heads_and_state_ops_first_order_and_unbatched(loss, case):
-    """kcla_heads and the fused state update (C++ autograd Functions like
-    the branch's) under create_graph=True give the plain backward's
-    gradients, which raise when differentiated; batched gradients raise."""
-    inputs = [t.detach().requires_grad_() for t in case()]
+    (adapter_loss, adapter_case),
+], ids=['heads', 'state', 'adapter'])
+def test_heads_state_adapter_ops_first_order_and_unbatched(loss, case):
+    """kcla_heads, the fused state update and kcla_adapter (C++ autograd
+    Functions like the branch's) under create_graph=True give the plain
+    backward's gradients, which raise when differentiated; batched
+    gradients raise."""
+    inputs = [t.detach().requires_grad_() if isinstance(t, torch.Tensor)
+              else t for t in case()]
     check_first_order_and_unbatched(lambda: loss(*inputs), inputs[:2])

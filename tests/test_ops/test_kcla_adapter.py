@@ -1,27 +1,32 @@
-"""The adapter op (kcla_adapter_inference) against Algorithm 1 in plain
-torch ops: U / Z, the strided grouped 1x1 conv, the eval BN, GAP, the ECA
-key and z A'."""
+"""The adapter ops (kcla_adapter_inference, kcla_adapter) against
+Algorithm 1 in plain torch ops: U / Z, the strided grouped 1x1 conv, the
+BN (eval, or batch statistics updating the running ones), GAP, the ECA key
+and z A'; kcla_adapter's gradients against autograd through those ops."""
 import copy
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from kcla_mm.ops import get_ext
-from kcla_mm.ops.kcla_adapter import kcla_adapter_inference
+from kcla_mm.ops.kcla_adapter import kcla_adapter, kcla_adapter_inference
 
 
 def reference_adapter(u, z, conv_weight, stride, bn, k_kernel, norm_d):
     """(z A', z) of Algorithm 1 with torch ops; no conv: ``conv_weight``
-    None (same width, stride 1)."""
+    None (same width, stride 1). ``bn`` in training mode uses batch
+    statistics and updates its running ones."""
     b, c_in = u.shape[:2]
     g = norm_d.numel()
     a = u / z.repeat_interleave(c_in // z.shape[1], 1).view(b, c_in, 1, 1)
     if conv_weight is not None:
         a = F.conv2d(a, conv_weight, stride=stride, groups=g)
+    if bn.training:  # nn.BatchNorm2d's count (F.batch_norm keeps none)
+        bn.num_batches_tracked.add_(1)
     a = F.batch_norm(a, bn.running_mean, bn.running_var, bn.weight, bn.bias,
-                     False, 0.0, bn.eps)
+                     bn.training, bn.momentum, bn.eps)
     k = k_kernel.numel()
     key = F.conv1d(a.mean((2, 3)).unsqueeze(1), k_kernel.view(1, 1, k),
                    padding=(k - 1) // 2).view(b, g, -1)
@@ -142,3 +147,104 @@ def test_raw_adapter_op_names_bad_arguments():
         call(bn_var=torch.ones(16))
     with pytest.raises(RuntimeError, match='BN eps must be positive'):
         call(bn_eps=0.0)
+
+
+def conv_module(weight, stride, g):
+    """A grouped 1x1 Conv2d holding ``weight`` (None: no conv)."""
+    if weight is None:
+        return None
+    conv = torch.nn.Conv2d(weight.shape[1] * g, weight.shape[0], 1, stride,
+                           groups=g, bias=False).to(weight.dtype)
+    conv.weight.data.copy_(weight)
+    return conv
+
+
+@pytest.mark.parametrize('training', [True, False])
+@pytest.mark.parametrize(
+    'c_in,g_in,c,g,stride,h,w,conv',
+    [(16, 2, 32, 4, 2, 8, 6, True),
+     (24, 6, 48, 3, 2, 7, 5, True),
+     (16, 4, 32, 4, 3, 10, 7, True),
+     (12, 3, 12, 3, 1, 5, 5, False)])
+def test_adapter_autograd_matches_reference(c_in, g_in, c, g, stride, h, w,
+                                            conv, training):
+    """kcla_adapter's U', Z', the gradients of the state, Z and every
+    parameter, and BN's running statistics and batch count (float64)."""
+    u, z, weight, stride, bn, k_kernel, norm_d = make_adapter_case(
+        c_in, g_in, c, g, stride, h, w, conv)
+    bn.train(training)
+    module = conv_module(weight, stride, g)
+    results = []
+    for fused in (True, False):
+        norm, k = copy.deepcopy(bn), k_kernel.clone().requires_grad_()
+        cv = copy.deepcopy(module)
+        ui, zi = u.clone().requires_grad_(), z.clone().requires_grad_()
+        if fused:
+            outs = kcla_adapter(ui, zi, cv, stride, norm, k, norm_d, 10.0)
+        else:
+            outs = reference_adapter(ui, zi, None if cv is None else
+                                     cv.weight, stride, norm, k, norm_d)
+        params = [ui, zi, norm.weight, norm.bias, k] + (
+            [] if cv is None else [cv.weight])
+        torch.manual_seed(1)
+        seeds = [torch.randn_like(o) for o in outs]
+        grads = torch.autograd.grad(outs, params, seeds)
+        results.append(list(outs) + list(grads) + list(norm.buffers()))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize('training', [True, False])
+def test_adapter_autograd_gradcheck(training):
+    u, z, weight, stride, bn, k_kernel, norm_d = make_adapter_case(
+        8, 2, 8, 2, 2, 5, 4)
+    bn.train(training)
+
+    def adapter(u, z, weight, bn_weight, bn_bias, k):
+        # the modules' attributes that kcla_adapter reads, holding the inputs
+        norm = SimpleNamespace(
+            weight=bn_weight, bias=bn_bias, training=training, eps=bn.eps,
+            momentum=0.0, track_running_stats=True,
+            running_mean=bn.running_mean, running_var=bn.running_var,
+            num_batches_tracked=torch.tensor(0))
+        return kcla_adapter(u, z, SimpleNamespace(weight=weight), stride,
+                            norm, k, norm_d, 10.0)
+
+    inputs = [t.detach().clone().requires_grad_() for t in (
+        u, z, weight, bn.weight, bn.bias, k_kernel)]
+    assert torch.autograd.gradcheck(adapter, inputs)
+
+
+def test_raw_adapter_autograd_op_names_bad_arguments():
+    ext = get_ext()
+    u, z, weight, _, bn, k_kernel, norm_d = make_adapter_case(
+        16, 2, 32, 4, 2, 8, 6, dtype=torch.float32)
+    ones = torch.ones(32)
+
+    def call(**change):
+        args = dict(u=u, z=z, weight=weight, bn_weight=ones, bn_bias=ones,
+                    running_mean=ones, running_var=ones, k_kernel=k_kernel,
+                    norm_d=norm_d, stride=2, batch_stats=True, momentum=0.1,
+                    bn_eps=1e-5, max_log_weight=10.0)
+        args.update(change)
+        return ext.kcla_adapter_autograd(**args)
+
+    assert call()[0].shape == (3, 32, 4, 3)  # valid
+    with pytest.raises(RuntimeError, match=r"`weight` must be the grouped "
+                       r"1x1 conv's \(C, C' / G, 1, 1\) with C' / G = 4"):
+        call(weight=torch.rand(32, 2, 1, 1))
+    with pytest.raises(RuntimeError, match='`z_in` has dtype Double but '
+                       '`um` has dtype Float'):
+        call(z=z.double())
+    with pytest.raises(RuntimeError, match=r'`running_var` must be \[32\], '
+                       r'got \[16\]'):
+        call(running_var=torch.ones(16))
+    with pytest.raises(RuntimeError, match='running statistics .* are '
+                       'needed without batch statistics'):
+        call(running_mean=None, running_var=None, batch_stats=False)
+    with pytest.raises(RuntimeError, match='more than 1 value per channel'):
+        call(u=u[:1, :, :1, :1].contiguous(), z=z[:1])
+    with pytest.raises(RuntimeError, match='`k_kernel` must hold an odd'):
+        call(k_kernel=torch.rand(4))
+    with pytest.raises(RuntimeError, match='heads of `norm_d` must divide'):
+        call(norm_d=torch.rand(3))

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from kcla_mm.ops import kcla_state_update
 from kcla_mm.ops.ext_loader import torch_ops_only
-from kcla_mm.ops.kcla_adapter import kcla_adapter_inference
+from kcla_mm.ops.kcla_adapter import kcla_adapter, kcla_adapter_inference
 from kcla_mm.ops.kcla_branch import (GradHandoff, StateTape,
                                      branch_supported, foldable_bn, kcla_branch,
                                      kcla_branch_inference,
@@ -155,9 +155,11 @@ class KCLAStateAdapter(BaseModule):
                      use_ext: bool = True) -> Tuple[Tensor, Tensor]:
         """(U, Z) = (z A', z) of Algorithm 1, z = layer_weights(k_u), as one
         batched matmul (:meth:`folds`; differentiable, updates BN's running
-        statistics in training like ``nn.BatchNorm2d``). With ``use_ext``,
-        no grad and an eval BN, one :func:`kcla_adapter_inference` call
-        where the extension supports the state's device.
+        statistics in training like ``nn.BatchNorm2d``). With ``use_ext``
+        where the extension supports the state's device: one
+        :func:`kcla_adapter_inference` call (no grad, eval BN), else
+        :func:`kcla_adapter` (the same maths as an autograd op, its
+        per-head scalars in one kernel each way).
 
         With Y = Conv1x1(U / Z) (U at the conv's stride) and Uc = U - GAP(U)
         per sample and channel: GAP(Y) = W_b GAP(U) with W_b the conv
@@ -173,27 +175,33 @@ class KCLAStateAdapter(BaseModule):
         """
         s, norm = self.stride, self.norm
         g, g_in = num_heads, state.z.shape[1]
-        weight = self._grouped_weight(g, state.u)
-        if use_ext and not torch.is_grad_enabled() and foldable_bn(norm) \
-                and state.u.dtype in (torch.float32, torch.float64) \
-                and layer_supported(state.u):
-            return kcla_adapter_inference(
-                state.u, state.z, weight.reshape(-1, weight.shape[2]), s,
-                norm, self.k_conv.weight, norm_d, MAX_LOG_WEIGHT)
         u = state.u[:, :, ::s, ::s]
         b, c_in, h, w = u.shape
+        batch_stats = norm.training or norm.running_mean is None
+        if batch_stats and b * h * w == 1:  # as nn.BatchNorm2d raises
+            raise ValueError(
+                'Expected more than 1 value per channel when training, got '
+                f'input size {(b, self.out_channels, h, w)} '
+                '(KCLAStateAdapter: its BatchNorm uses batch statistics)')
+        dtype = state.u.dtype
+        if use_ext and dtype in (torch.float32, torch.float64) \
+                and layer_supported(state.u):
+            if not torch.is_grad_enabled() and foldable_bn(norm):
+                weight = self._grouped_weight(g, state.u)
+                return kcla_adapter_inference(
+                    state.u, state.z, weight.reshape(-1, weight.shape[2]),
+                    s, norm, self.k_conv.weight, norm_d, MAX_LOG_WEIGHT)
+            if norm.running_mean is None or norm.running_mean.dtype == dtype:
+                return kcla_adapter(state.u, state.z, self.conv, s, norm,
+                                    self.k_conv.weight, norm_d,
+                                    MAX_LOG_WEIGHT)
+        weight = self._grouped_weight(g, state.u)
         u = u.reshape(b, g, c_in // g, h * w)
         u_mean = u.mean(-1, keepdim=True)
         inv_z = (1 / state.z).repeat_interleave(c_in // g_in, 1)
         w_b = weight * inv_z.view(b, g, 1, -1)  # (B, G, C / G, C' / G)
         y_mean = (w_b @ u_mean).squeeze(-1)  # GAP(Y), (B, G, C / G)
-        batch_stats = norm.training or norm.running_mean is None
         if batch_stats:
-            if b * h * w == 1:  # as nn.BatchNorm2d raises
-                raise ValueError(
-                    'Expected more than 1 value per channel when training, '
-                    f'got input size {(b, g * weight.shape[1], h, w)} '
-                    '(KCLAStateAdapter: its BatchNorm uses batch statistics)')
             u = u - u_mean  # centred: the covariance and the matmul below
             cov = u @ u.transpose(2, 3) / (h * w)
             mean = y_mean.mean(0)
@@ -530,12 +538,13 @@ class KCLALayer(BaseModule):
                                            self.v_conv.weight, self.norm,
                                            self.eps, out_in_place)
             return out, KCLAState(u, z)
-        keep = x.new_ones(b)
-        if self._drops_path():  # mmcv DropPath's masks
+        if self._drops_path():  # mmcv DropPath's masks, from its draws
             keep_prob = 1 - self.drop_path.drop_prob
-            keep = (keep_prob + torch.rand(
-                (b, 1, 1, 1), dtype=x.dtype,
-                device=x.device)).floor_().view(b) / keep_prob
+            keep = torch.rand((b, 1, 1, 1), dtype=x.dtype,
+                              device=x.device).add_(keep_prob).floor_(
+                              ).div_(keep_prob).view(b)
+        else:
+            keep = x.new_ones(b)
         tape_out = StateTape() if self.invert_state else None
         out, u = kcla_branch(x, u, weight, z, gate, self.v_conv.weight,
                              self.norm, keep, self.eps, tape_in, tape_out,

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "fused_backward.hpp"
+#include "kcla_adapter_impl.hpp"
 #include "kcla_branch_autograd.hpp"
 #include "kcla_branch_impl.hpp"
 #include "kcla_ops_autograd.hpp"
@@ -14,7 +15,7 @@
 // Device types ("cpu", "cuda") with a compiled implementation of every op
 // of a group: "state" (kcla_state_*), "branch" (kcla_relu_pool_*,
 // kcla_branch_*) or "layer" (kcla_branch_train_*, kcla_layer_inference,
-// kcla_heads_*, kcla_adapter_inference).
+// kcla_heads_*, kcla_adapter_inference, kcla_adapter_heads_*).
 std::vector<std::string> device_types(const std::string& group) {
   std::vector<std::string> types;
   for (auto type : {at::kCPU, at::kCUDA}) {
@@ -42,7 +43,12 @@ std::vector<std::string> device_types(const std::string& group) {
           DEVICE_REGISTRY(kcla_layer_inference_impl).Find(type) != nullptr &&
           DEVICE_REGISTRY(kcla_heads_forward_impl).Find(type) != nullptr &&
           DEVICE_REGISTRY(kcla_heads_backward_impl).Find(type) != nullptr &&
-          DEVICE_REGISTRY(kcla_adapter_inference_impl).Find(type) != nullptr;
+          DEVICE_REGISTRY(kcla_adapter_inference_impl).Find(type) !=
+              nullptr &&
+          DEVICE_REGISTRY(kcla_adapter_heads_forward_impl).Find(type) !=
+              nullptr &&
+          DEVICE_REGISTRY(kcla_adapter_heads_backward_impl).Find(type) !=
+              nullptr;
     } else {
       TORCH_CHECK(false, "device_types: unknown op group '", group,
                   "', expected 'state', 'branch' or 'layer'");
@@ -188,5 +194,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("bn_weight"), py::arg("bn_bias"), py::arg("bn_mean"),
         py::arg("bn_var"), py::arg("k_kernel"), py::arg("norm_d"),
         py::arg("u_out"), py::arg("z_out"), py::arg("bn_eps"),
+        py::arg("max_log_weight"));
+  m.def("kcla_adapter_autograd", &kcla_adapter_autograd,
+        "the cross-stage state adapter with gradients (batch or running "
+        "statistics): (U' = z BN(Conv1x1(U / Z)) at the stride, z)",
+        py::arg("u"), py::arg("z"), py::arg("weight"), py::arg("bn_weight"),
+        py::arg("bn_bias"), py::arg("running_mean"), py::arg("running_var"),
+        py::arg("k_kernel"), py::arg("norm_d"), py::arg("stride"),
+        py::arg("batch_stats"), py::arg("momentum"), py::arg("bn_eps"),
         py::arg("max_log_weight"));
 }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kcla_branch_cpu.hpp"
+#include "kcla_head_math.hpp"
 #include "pytorch_cpp_helper.hpp"
 
 #ifdef KCLA_CPU_AVX2

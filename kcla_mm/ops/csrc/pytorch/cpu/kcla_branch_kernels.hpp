@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "kcla_branch_cpu.hpp"
+#include "kcla_head_math.hpp"
 #include "pytorch_cpp_helper.hpp"
 
 namespace KCLA_CPU_NS {
@@ -833,34 +834,12 @@ struct HeadOperands {
         max_log(max_log_) {}
 };
 
-// out (C,) = the zero-padded cross-correlation of pooled (C,) with an ECA
-// kernel of k (odd) elements.
-template <typename T>
-void eca(const T* kernel, int64_t k, const T* pooled, int64_t C,
-         double* out) {
-  const int64_t pad = (k - 1) / 2;
-  for (int64_t c = 0; c < C; ++c) {
-    double v = 0;
-    for (int64_t t = std::max<int64_t>(0, pad - c);
-         t < std::min<int64_t>(k, C + pad - c); ++t) {
-      v += double(kernel[t]) * pooled[c + t - pad];
-    }
-    out[c] = v;
-  }
-}
-
 // q, key (C,) = the ECA cross-correlations of pooled (C,) with kq, kk.
 template <typename T>
 void eca_pair(const HeadOperands<T>& h, const T* pooled, int64_t C,
               double* q, double* key) {
   eca<T>(h.kq, h.k, pooled, C, q);
   eca<T>(h.kk, h.k, pooled, C, key);
-}
-
-// A head's layer weight from its key's norm (docs/method.md §2, step 2):
-// exp(min(|K_g| / norm_d_g, max_log)).
-inline double layer_weight(double key_norm, double norm_d, double max_log) {
-  return std::exp(std::min(key_norm / norm_d, max_log));
 }
 
 // Over head g's d channels: (|K_g|, <Q_g, K_g>).
