@@ -48,7 +48,17 @@ from .kcla_heads import as_operand, head_params
 # A layer saves its incoming state instead of inverting the running sum when
 # Z grew more than this factor since the oldest state the inversion would
 # recover: the recovered U carries a relative error of about eps * Z_now / Z.
+# The check reads Z on the host (one synchronisation per layer on a GPU):
+# the answer decides an allocation, and no fixed allocation keeps both the
+# inversion's memory saving and its accuracy for every Z.
 MAX_INVERSION_GROWTH = 16.0
+
+
+def capturing(t: Tensor) -> bool:
+    """Whether ``t``'s stream is being captured into a CUDA graph, where the
+    host cannot read device values: there every layer that could invert
+    its state saves it instead (exact; one map per layer)."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 class StateTape:
@@ -240,7 +250,8 @@ def kcla_branch(x: Tensor,
     ``tape_out``: if given, ``u_next`` is not saved; the next layer's
     backward must fill this tape. ``u`` itself is saved instead of inverted
     when Z grew by more than :data:`MAX_INVERSION_GROWTH` since
-    ``tape_in.z_floor``; otherwise, with ``tape_in``, ``u`` (the previous
+    ``tape_in.z_floor``, or under CUDA-graph capture (:func:`capturing`);
+    otherwise, with ``tape_in``, ``u`` (the previous
     layer's unsaved ``u_next``) is updated in place. ``out_in_place``: write
     ``out`` over ``x`` (which must then be a tensor nobody else needs, e.g.
     :func:`relu_pool`'s). ``x_handoff``: backward hands its gradient of
@@ -250,8 +261,8 @@ def kcla_branch(x: Tensor,
     dtype = x.dtype
     if u is None:
         tape_in = None
-    save_u = tape_in is not None and bool(
-        (z > MAX_INVERSION_GROWTH * tape_in.z_floor).any())
+    save_u = tape_in is not None and (capturing(z) or bool(
+        (z > MAX_INVERSION_GROWTH * tape_in.z_floor).any()))
     if tape_out is not None:
         tape_out.z_floor = z if tape_in is None or save_u else \
             tape_in.z_floor

@@ -29,7 +29,7 @@ PATHS = ['cpu', 'cpu_gpu_dispatch', CUDA]
 # branch's one-call training kernels are called from C++, so
 # per_kernel_branch below checks its one_call argument instead
 LAYER_OPS = ('kcla_layer_inference', 'kcla_heads_autograd',
-             'kcla_adapter_inference')
+             'kcla_adapter_inference', 'kcla_adapter_autograd')
 # the per-kernel ops each path must run instead (in training the autograd
 # ops, which call their kernels in C++: the branch's with one_call False)
 GPU_DISPATCH_OPS = {
@@ -161,3 +161,38 @@ def test_sync_bn_reverted_by_mmengine_takes_fused_path(monkeypatch):
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
     # one call per KCLA layer (16) in each
     assert calls == {'kcla_branch_autograd': 16, 'kcla_layer_inference': 16}
+
+
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and has_device_impl('cuda', 'branch')),
+    reason='needs a GPU and kcla_mm._ext built with the CUDA branch kernels')
+def test_training_step_replays_as_cuda_graph():
+    """A training step (forward and backward, static shapes) captured with
+    torch.cuda.graph replays with the eager step's gradients: nothing in it
+    reads a device value on the host (capture raises where something
+    does)."""
+    torch.manual_seed(0)
+    model = ResNetKCLA(50, base_channels=16, head_dim=16, norm_eval=False,
+                       kcla_drop_path=0.0).cuda().train()
+    x = torch.rand(2, 3, 64, 64, device='cuda')
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        sum((o * o).mean() for o in model(x)).backward()
+
+    step()
+    eager = [p.grad.clone() for p in model.parameters()]
+    side = torch.cuda.Stream()  # warm-up on a side stream, as torch's docs
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    model.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sum((o * o).mean() for o in model(x)).backward()
+    graph.replay()
+    torch.cuda.synchronize()
+    for p, grad in zip(model.parameters(), eager):
+        torch.testing.assert_close(p.grad, grad, rtol=1e-3, atol=1e-4)
