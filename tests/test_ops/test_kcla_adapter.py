@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kcla_mm.ops import get_ext
+from kcla_mm.ops import get_ext, has_device_impl
 from kcla_mm.ops.kcla_adapter import kcla_adapter, kcla_adapter_inference
 
 
@@ -154,11 +154,19 @@ def conv_module(weight, stride, g):
     if weight is None:
         return None
     conv = torch.nn.Conv2d(weight.shape[1] * g, weight.shape[0], 1, stride,
-                           groups=g, bias=False).to(weight.dtype)
+                           groups=g, bias=False)
+    conv.to(weight.device, weight.dtype)
     conv.weight.data.copy_(weight)
     return conv
 
 
+# every CUDA build has the adapter's training kernels
+CUDA = pytest.param('cuda', marks=pytest.mark.skipif(
+    not (torch.cuda.is_available() and has_device_impl('cuda', 'branch')),
+    reason='needs a GPU and kcla_mm._ext built with CUDA'))
+
+
+@pytest.mark.parametrize('device', ['cpu', CUDA])
 @pytest.mark.parametrize('training', [True, False])
 @pytest.mark.parametrize(
     'c_in,g_in,c,g,stride,h,w,conv',
@@ -167,11 +175,12 @@ def conv_module(weight, stride, g):
      (16, 4, 32, 4, 3, 10, 7, True),
      (12, 3, 12, 3, 1, 5, 5, False)])
 def test_adapter_autograd_matches_reference(c_in, g_in, c, g, stride, h, w,
-                                            conv, training):
+                                            conv, training, device):
     """kcla_adapter's U', Z', the gradients of the state, Z and every
     parameter, and BN's running statistics and batch count (float64)."""
-    u, z, weight, stride, bn, k_kernel, norm_d = make_adapter_case(
-        c_in, g_in, c, g, stride, h, w, conv)
+    u, z, weight, stride, bn, k_kernel, norm_d = (
+        t.to(device) if hasattr(t, 'to') else t for t in make_adapter_case(
+            c_in, g_in, c, g, stride, h, w, conv))
     bn.train(training)
     module = conv_module(weight, stride, g)
     results = []
@@ -194,10 +203,12 @@ def test_adapter_autograd_matches_reference(c_in, g_in, c, g, stride, h, w,
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize('device', ['cpu', CUDA])
 @pytest.mark.parametrize('training', [True, False])
-def test_adapter_autograd_gradcheck(training):
-    u, z, weight, stride, bn, k_kernel, norm_d = make_adapter_case(
-        8, 2, 8, 2, 2, 5, 4)
+def test_adapter_autograd_gradcheck(training, device):
+    u, z, weight, stride, bn, k_kernel, norm_d = (
+        t.to(device) if hasattr(t, 'to') else t
+        for t in make_adapter_case(8, 2, 8, 2, 2, 5, 4))
     bn.train(training)
 
     def adapter(u, z, weight, bn_weight, bn_bias, k):

@@ -1,8 +1,9 @@
-"""The heads op (kcla_heads) against the same equations in torch ops."""
+"""The heads op (kcla_heads) against the same equations in torch ops, on
+the CPU and a GPU."""
 import pytest
 import torch
 
-from kcla_mm.ops import get_ext
+from kcla_mm.ops import get_ext, has_device_impl
 from kcla_mm.ops.kcla_heads import as_operand, kcla_heads
 from .test_kcla_branch import reference_heads
 
@@ -18,10 +19,18 @@ def make_heads_case(dtype=torch.float64, b=3, c=12, g=3, k=5, seed=0):
     return pooled, z, q_kernel, k_kernel, norm_d, gate_weight
 
 
+# every CUDA build has the heads' kernels (and the branch group's)
+CUDA = pytest.param('cuda', marks=pytest.mark.skipif(
+    not (torch.cuda.is_available() and has_device_impl('cuda', 'branch')),
+    reason='needs a GPU and kcla_mm._ext built with CUDA'))
+
+
+@pytest.mark.parametrize('device', ['cpu', CUDA])
 @pytest.mark.parametrize('with_z', [True, False])
 @pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
-def test_heads_match_reference_values_and_gradients(dtype, with_z):
-    pooled, z, qk, kk, norm_d, gate_w = make_heads_case(dtype)
+def test_heads_match_reference_values_and_gradients(dtype, with_z, device):
+    pooled, z, qk, kk, norm_d, gate_w = (
+        t.to(device) for t in make_heads_case(dtype, b=5, c=40, g=4))
     z = z if with_z else None
     leaves = [t.requires_grad_() for t in (pooled, qk, kk, gate_w)] + \
         ([z.requires_grad_()] if with_z else [])
@@ -38,11 +47,13 @@ def test_heads_match_reference_values_and_gradients(dtype, with_z):
         torch.testing.assert_close(a, b, **tol)
 
 
-def test_heads_gradcheck_float64_and_clamps():
+@pytest.mark.parametrize('device', ['cpu', CUDA])
+def test_heads_gradcheck_float64_and_clamps(device):
     """gradcheck on a smooth case, then the two clamps: a head whose
     |K| / norm_d is past the exp clamp passes w no gradient, and a zero
     key (|K| = 0 < key_eps) gives finite gradients equal to torch's."""
-    pooled, z, qk, kk, norm_d, gate_w = make_heads_case(b=2, c=8, g=2, k=3)
+    pooled, z, qk, kk, norm_d, gate_w = (
+        t.to(device) for t in make_heads_case(b=2, c=8, g=2, k=3))
     inputs = [t.requires_grad_() for t in (pooled, z, qk, kk, gate_w)]
     assert torch.autograd.gradcheck(
         lambda p, zz, q, k, gw: kcla_heads(p, zz, q, k, norm_d, gw, 1e-6,
