@@ -638,6 +638,34 @@ def test_kcla_branch_autograd_cuda_matches_cpu():
                 assert_all_close(a, b, dtype, what)
 
 
+def test_one_call_training_kernels_cuda_match_cpu(monkeypatch):
+    """The one-call training branch on CUDA (its kernels belong to the
+    extension's 'layer' group, which the models take on a device only
+    whole: called here directly) equals the CPU's: values, gradients,
+    running statistics."""
+    import kcla_mm.ops.kcla_branch as kcla_branch_mod
+    monkeypatch.setattr(kcla_branch_mod, 'layer_supported', lambda x: True)
+    ext, one_call = get_ext(), []
+    apply = ext.kcla_branch_autograd
+
+    def spy(*args):
+        one_call.append(args[13])
+        return apply(*args)
+
+    monkeypatch.setattr(ext, 'kcla_branch_autograd', spy)
+    for case, shape, dtype, training, with_u in cases(
+            AUTOGRAD_SHAPE_AXIS, FLOAT_DTYPE_AXIS, TRAINING_AXIS,
+            [('u', True), ('no_u', False)]):
+        with case_named(case):
+            t = inputs(shape)
+            want = branch_on('cpu', shape, t, dtype, training, with_u)
+            got = branch_on('cuda', shape, t, dtype, training, with_u)
+            for what, a, b in zip(('values', 'grads', 'running stats'), got,
+                                  want):
+                assert_all_close(a, b, dtype, what)
+    assert one_call and all(one_call)
+
+
 def relu_pool_on(device, t, dtype):
     s_leaf, = leaves_on(device, t, ('x',), dtype).values()
     x, pooled = relu_pool(s_leaf.clone())  # overwrites its argument

@@ -17,6 +17,9 @@ decltype(kcla_branch_forward_impl) kcla_branch_forward_cuda;
 decltype(kcla_branch_apply_impl) kcla_branch_apply_cuda;
 decltype(kcla_branch_bn_sums_impl) kcla_branch_bn_sums_cuda;
 decltype(kcla_branch_backward_impl) kcla_branch_backward_cuda;
+// pytorch/cuda/kcla_branch_train_cuda.cu
+decltype(kcla_branch_train_forward_impl) kcla_branch_train_forward_cuda;
+decltype(kcla_branch_train_backward_impl) kcla_branch_train_backward_cuda;
 // pytorch/cuda/kcla_heads_cuda.cu
 decltype(kcla_heads_forward_impl) kcla_heads_forward_cuda;
 decltype(kcla_heads_backward_impl) kcla_heads_backward_cuda;
@@ -43,3 +46,7 @@ REGISTER_DEVICE_IMPL(kcla_adapter_heads_forward_impl, CUDA,
                      kcla_adapter_heads_forward_cuda);
 REGISTER_DEVICE_IMPL(kcla_adapter_heads_backward_impl, CUDA,
                      kcla_adapter_heads_backward_cuda);
+REGISTER_DEVICE_IMPL(kcla_branch_train_forward_impl, CUDA,
+                     kcla_branch_train_forward_cuda);
+REGISTER_DEVICE_IMPL(kcla_branch_train_backward_impl, CUDA,
+                     kcla_branch_train_backward_cuda);
