@@ -80,16 +80,22 @@ def test_fused_op_section_times_the_same_maths():
         torch.testing.assert_close(fused, ref, rtol=1e-4, atol=1e-4)
 
 
-def test_network_section_prints_times_and_page_faults():
-    """(a) runs both networks and prints, for training and inference, the
-    two medians and their ratio, then each side's minor page faults per
-    call (numbers only: no timing is asserted)."""
+@pytest.mark.parametrize('options, header', [
+    ([], 'batch 1 at 224x224'),
+    (['--size', '64', '96', '--amp'], 'batch 1 at 64x96, autocast bfloat16'),
+])
+def test_network_section_prints_times_and_page_faults(options, header):
+    """(a) runs both networks (at --size, under autocast with --amp) and
+    prints, for training and inference, the two medians and their ratio,
+    then each side's minor page faults per call (numbers only: no timing
+    is asserted)."""
     result = subprocess.run(
         [sys.executable, 'tools/analysis/benchmark_kcla.py', '--sections',
-         'a', '--runs', '1', '--warmup', '0', '--batch', '1'],
+         'a', '--runs', '1', '--warmup', '0', '--batch', '1'] + options,
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
+    assert header in lines[1]
     for name in ('training step (fwd+bwd)', 'inference (eval, no grad)'):
         at = next(i for i, line in enumerate(lines) if name in line)
         plain_ms, kcla_ms, unit, ratio = lines[at].split()[-4:]
@@ -110,6 +116,8 @@ def test_network_section_prints_times_and_page_faults():
     (['--warmup', '-1'], '--warmup: must be an int >= 0, got -1'),
     (['--batch', '0'], '--batch: must be an int >= 1, got 0'),
     (['--ea-sizes', '32', '1'], '--ea-sizes: sizes must be >= 2, got [32, 1]'),
+    (['--size', '16', '64'], '--size: height and width must be >= 32, got '
+     '[16, 64]'),
 ])
 def test_bad_arguments_name_the_option(argv, message, capsys):
     """A bad option value stops the tool before any section runs (argparse

@@ -2,7 +2,9 @@
 
 Prints, for one run on this machine, side by side and as ratios:
   (a) ResNet-50-KCLA vs mmdet ResNet-50: training step (forward + backward,
-      batch 4 (--batch), 224x224) and inference (eval, no grad), each with
+      batch 4 (--batch), 224x224 (--size H W, e.g. 800 1216 for a
+      detector's input), float32 or under autocast (--amp: float16 on
+      CUDA, bfloat16 on the CPU)) and inference (eval, no grad), each with
       both sides' minor page faults per call;
   (b) activation memory of a training step: the distinct storages autograd
       keeps for backward after one forward (batch 8), parameters excluded;
@@ -72,6 +74,12 @@ def parse_args(argv=None):
         'for machines whose mmcv has no ops, which mmdet.models needs)')
     parser.add_argument('--batch', type=int, default=4,
                         help='(a): batch size')
+    parser.add_argument('--size', type=int, nargs=2, default=[224, 224],
+                        metavar=('H', 'W'), help='(a): input height, width')
+    parser.add_argument(
+        '--amp', action='store_true',
+        help='(a): both networks under autocast (float16 on CUDA, '
+        'bfloat16 on the CPU), as mmdet\'s AmpOptimWrapper runs them')
     parser.add_argument('--ea-sizes', type=int, nargs='+',
                         default=[32, 64, 96, 128],
                         help='(e): square feature-map sizes')
@@ -84,6 +92,9 @@ def parse_args(argv=None):
         if getattr(args, name) < least:
             parser.error(f'argument --{name}: must be an int >= {least}, '
                          f'got {getattr(args, name)}')
+    if min(args.size) < 32:  # ResNet-50's stride: 1x1 at stage 4
+        parser.error('argument --size: height and width must be >= 32, '
+                     f'got {args.size}')
     if not args.sections or set(args.sections) - set(SECTIONS):
         parser.error(f'argument --sections: letters of "{SECTIONS}", got '
                      f'{args.sections!r}')
@@ -281,17 +292,25 @@ def row(name, base, ours, unit, fmt='{:.1f}'):
 
 
 def section_a(args):
+    h, w = args.size
+    device_type = torch.device(args.device).type
+    amp_dtype = torch.float16 if device_type == 'cuda' else torch.bfloat16
+    precision = f', autocast {str(amp_dtype)[6:]}' if args.amp else ''
     print(f'(a) ResNet-50 ({args.baseline}) vs ResNet-50-KCLA, batch '
-          f'{args.batch} at 224x224'
+          f'{args.batch} at {h}x{w}{precision}'
           f'{"":>8}{"ResNet-50":>12} {"R50-KCLA":>12}      ratio')
     plain, kcla = build_pair(args.device, args.baseline)
-    x = torch.rand(args.batch, 3, 224, 224, device=args.device)
+    x = torch.rand(args.batch, 3, h, w, device=args.device)
+
+    def forward(model):
+        with torch.autocast(device_type, amp_dtype, enabled=args.amp):
+            return model(x)
 
     def train_step(model):
         def step():
             model.train()
-            outs = model(x)
-            sum(o.mean() for o in outs).backward()
+            outs = forward(model)
+            sum(o.float().mean() for o in outs).backward()
             model.zero_grad(set_to_none=True)
         return step
 
@@ -299,7 +318,7 @@ def section_a(args):
         def step():
             model.eval()
             with torch.no_grad():
-                model(x)
+                forward(model)
         return step
 
     for name, make in (('training step (fwd+bwd)', train_step),
