@@ -53,9 +53,10 @@ TESTS=${PIPESTATUS[0]}
     --sections abcdf --runs "${BENCHMARK_RUNS:-15}" --warmup 5 2>&1 \
     | tee "$LOG_DIR/benchmark.log"
 BENCH=${PIPESTATUS[0]}
-# (a) at the sizes: batch 32 in float32 and under AMP, and a
-# detector's input (batch 2 at 800x1216) under AMP
-for OPTS in "--batch 32" "--batch 32 --amp" "--batch 2 --size 800 1216 --amp"; do
+# (a) at the sizes GPU users train at: batch 32 in float32 and under AMP,
+# and a detector's input (batch 2 at 800x1216) under AMP
+for OPTS in "--batch 32" "--batch 32 --amp" \
+        "--batch 2 --size 800 1216 --amp"; do
     # shellcheck disable=SC2086  # OPTS holds several options
     "$PY" tools/analysis/benchmark_kcla.py --device cuda \
         --baseline resnetkcla --sections a --runs "${BENCHMARK_RUNS:-15}" \
