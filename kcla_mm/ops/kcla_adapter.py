@@ -69,10 +69,10 @@ def kcla_adapter(u: Tensor, z: Tensor, conv: Optional[nn.Conv2d],
     dtype = u.dtype
     batch_stats = norm.training or norm.running_mean is None
     momentum = running_stats_momentum(norm) if batch_stats else None
-    running = (None, None) if norm.running_mean is None else (
-        norm.running_mean, norm.running_var)
-    if batch_stats and momentum is None:
-        running = (None, None)
+    # the running statistics: read with running ones, updated with batch
+    # ones where the norm tracks them (a momentum)
+    running = (norm.running_mean, norm.running_var) \
+        if momentum is not None or not batch_stats else (None, None)
     return tuple(get_ext().kcla_adapter_autograd(
         u, as_operand(z, dtype),
         None if conv is None else as_operand(conv.weight, dtype),

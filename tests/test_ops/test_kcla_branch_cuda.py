@@ -625,7 +625,9 @@ def branch_on(device, shape, t, dtype, training, with_u):
             [norm.running_mean, norm.running_var])
 
 
-def test_kcla_branch_autograd_cuda_matches_cpu():
+def check_branch_cases_cuda_match_cpu():
+    """kcla_branch on CUDA against the CPU over every autograd case:
+    values, gradients, running statistics."""
     for case, shape, dtype, training, with_u in cases(
             AUTOGRAD_SHAPE_AXIS, FLOAT_DTYPE_AXIS, TRAINING_AXIS,
             [('u', True), ('no_u', False)]):
@@ -636,6 +638,10 @@ def test_kcla_branch_autograd_cuda_matches_cpu():
             for what, a, b in zip(('values', 'grads', 'running stats'), got,
                                   want):
                 assert_all_close(a, b, dtype, what)
+
+
+def test_kcla_branch_autograd_cuda_matches_cpu():
+    check_branch_cases_cuda_match_cpu()
 
 
 def test_one_call_training_kernels_cuda_match_cpu(monkeypatch):
@@ -653,16 +659,7 @@ def test_one_call_training_kernels_cuda_match_cpu(monkeypatch):
         return apply(*args)
 
     monkeypatch.setattr(ext, 'kcla_branch_autograd', spy)
-    for case, shape, dtype, training, with_u in cases(
-            AUTOGRAD_SHAPE_AXIS, FLOAT_DTYPE_AXIS, TRAINING_AXIS,
-            [('u', True), ('no_u', False)]):
-        with case_named(case):
-            t = inputs(shape)
-            want = branch_on('cpu', shape, t, dtype, training, with_u)
-            got = branch_on('cuda', shape, t, dtype, training, with_u)
-            for what, a, b in zip(('values', 'grads', 'running stats'), got,
-                                  want):
-                assert_all_close(a, b, dtype, what)
+    check_branch_cases_cuda_match_cpu()
     assert one_call and all(one_call)
 
 
