@@ -8,7 +8,7 @@
 #define KCLA_ADAPTER_CUDA_KERNEL_CUH
 #include <cstdint>
 
-#include "kcla_heads_cuda_kernel.cuh"  // block_sum, KCLA_HEADS_THREADS
+#include "kcla_cuda_helper.cuh"
 
 // The operands as raw pointers (passed by value to every kernel).
 template <typename T>
@@ -41,15 +41,11 @@ struct AdapterArgs {
   }
 };
 
-#define KCLA_ADAPTER_LOOP(i, n)                                       \
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; \
-       i < (n); i += (int64_t)blockDim.x * gridDim.x)
-
 // y = W_b um and (batch statistics) v = W_b^T (cov / hw) W_b per (b, c).
 template <typename T>
 __global__ void adapter_moments_kernel(const AdapterArgs<T> a, double* y,
                                        double* v) {
-  KCLA_ADAPTER_LOOP(n, a.B * a.C) {
+  KCLA_CUDA_1D_KERNEL_LOOP(n, a.B * a.C) {
     const int64_t b = n / a.C, c = n % a.C, g = c / a.co, o = c % a.co;
     double sy = 0, sv = 0;
     for (int64_t i = 0; i < a.ci; ++i) {
@@ -67,7 +63,7 @@ __global__ void adapter_moments_kernel(const AdapterArgs<T> a, double* y,
 template <typename T>
 __global__ void adapter_bn_kernel(const AdapterArgs<T> a, const double* y,
                                   const double* v, T* mean, T* invstd) {
-  KCLA_ADAPTER_LOOP(c, a.C) {
+  KCLA_CUDA_1D_KERNEL_LOOP(c, a.C) {
     double mu, var;
     if (a.bs) {
       mu = var = 0;
@@ -226,7 +222,7 @@ __global__ void adapter_grad_bn_kernel(const AdapterArgs<T> a,
                                        const AdapterGradArgs<T> r,
                                        T* grad_gamma, T* grad_beta,
                                        T* grad_kk) {
-  KCLA_ADAPTER_LOOP(c, a.C) {
+  KCLA_CUDA_1D_KERNEL_LOOP(c, a.C) {
     double gk = 0, gbeta = 0, gmean = 0;
     for (int64_t b = 0; b < a.B; ++b) {
       gk += r.gk[b * a.C + c];
@@ -245,7 +241,7 @@ __global__ void adapter_grad_bn_kernel(const AdapterArgs<T> a,
                  double(a.B);
     }
   }
-  KCLA_ADAPTER_LOOP(t, a.k) {
+  KCLA_CUDA_1D_KERNEL_LOOP(t, a.k) {
     double s = 0;
     for (int64_t b = 0; b < a.B; ++b) s += r.gkk[b * a.k + t];
     grad_kk[t] = T(s);
@@ -305,7 +301,7 @@ __global__ void adapter_grad_params_kernel(const AdapterArgs<T> a,
                                            const AdapterGradArgs<T> r,
                                            T* grad_weight, T* grad_z_in) {
   if (grad_weight != nullptr) {
-    KCLA_ADAPTER_LOOP(e, a.G * a.co * a.ci) {
+    KCLA_CUDA_1D_KERNEL_LOOP(e, a.G * a.co * a.ci) {
       const int64_t i = e % a.ci, o = (e / a.ci) % a.co, g = e / (a.ci * a.co);
       double s = 0;
       for (int64_t b = 0; b < a.B; ++b)
@@ -313,7 +309,7 @@ __global__ void adapter_grad_params_kernel(const AdapterArgs<T> a,
       grad_weight[e] = T(s);
     }
   }
-  KCLA_ADAPTER_LOOP(n, a.B * a.Gi) {
+  KCLA_CUDA_1D_KERNEL_LOOP(n, a.B * a.Gi) {
     const int64_t b = n / a.Gi, h = n % a.Gi, c_in = a.G * a.ci;
     double s = 0;
     for (int64_t c = h * a.din; c < (h + 1) * a.din; ++c)

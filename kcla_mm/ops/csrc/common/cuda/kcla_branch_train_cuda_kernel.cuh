@@ -8,9 +8,7 @@
 #define KCLA_BRANCH_TRAIN_CUDA_KERNEL_CUH
 #include <cstdint>
 
-#define KCLA_TRAIN_LOOP(i, n)                                         \
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; \
-       i < (n); i += (int64_t)blockDim.x * gridDim.x)
+#include "kcla_cuda_helper.cuh"
 
 // Per channel, from the per-plane (mean, sum of squared deviations) in
 // stats (B, C, 2) (Chan et al.'s combination): the batch mean and invstd,
@@ -23,7 +21,7 @@ __global__ void branch_fold_stats_kernel(
     const T* __restrict__ bn_bias, T* running_mean, T* running_var,
     const double momentum, const double bn_eps, T* __restrict__ mean,
     T* __restrict__ invstd, T* __restrict__ scale, T* __restrict__ shift) {
-  KCLA_TRAIN_LOOP(c, C) {
+  KCLA_CUDA_1D_KERNEL_LOOP(c, C) {
     double mu = 0, m2 = 0;
     for (int64_t b = 0; b < B; ++b) mu += double(stats[(b * C + c) * 2]);
     mu /= double(B);
@@ -59,7 +57,7 @@ __global__ void branch_bn_terms_kernel(const int64_t B, const int64_t C,
                                        T* __restrict__ alpha,
                                        T* __restrict__ beta,
                                        double* __restrict__ sums) {
-  KCLA_TRAIN_LOOP(c, C) {
+  KCLA_CUDA_1D_KERNEL_LOOP(c, C) {
     if (bn_sums == nullptr) {
       alpha[c] = beta[c] = T(0);
       continue;
@@ -91,7 +89,7 @@ __global__ void branch_grad_sums_kernel(
     T* __restrict__ grad_z, T* __restrict__ grad_gate,
     T* __restrict__ grad_weight, T* __restrict__ grad_bn_weight,
     T* __restrict__ grad_bn_bias) {
-  KCLA_TRAIN_LOOP(i, C + B * G) {
+  KCLA_CUDA_1D_KERNEL_LOOP(i, C + B * G) {
     if (i < C) {
       const int64_t c = i;
       double sg, sx;

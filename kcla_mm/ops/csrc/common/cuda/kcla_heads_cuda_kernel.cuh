@@ -8,26 +8,12 @@
 #define KCLA_HEADS_CUDA_KERNEL_CUH
 #include <cstdint>
 
-constexpr int KCLA_HEADS_THREADS = 256;  // a power of two (block_sum)
+#include "kcla_cuda_helper.cuh"
 
 struct HeadDims {
   int64_t C, G, d, k, pad;
   double key_eps, max_log;
 };
-
-// The sum of every thread's `v` over the block; `red` holds blockDim.x
-// doubles. Called by all threads.
-__device__ inline double block_sum(double v, double* red) {
-  red[threadIdx.x] = v;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
-    __syncthreads();
-  }
-  const double sum = red[0];
-  __syncthreads();
-  return sum;
-}
 
 // q, key (C,) = the ECA cross-correlations of one sample's pooled p (C,).
 template <typename T>

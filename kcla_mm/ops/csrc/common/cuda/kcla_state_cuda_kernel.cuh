@@ -3,11 +3,7 @@
 #define KCLA_STATE_CUDA_KERNEL_CUH
 #include <ATen/OpMathType.h>
 
-#define KCLA_CUDA_1D_KERNEL_LOOP(i, n)                              \
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; \
-       i < (n); i += (int64_t)blockDim.x * gridDim.x)
-
-constexpr int KCLA_THREADS = 256;
+#include "kcla_cuda_helper.cuh"
 
 // Element-wise: u_next = u + w * x, agg = u_next / (z + eps).
 template <typename scalar_t>

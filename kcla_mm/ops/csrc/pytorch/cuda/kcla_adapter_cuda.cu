@@ -29,20 +29,6 @@ AdapterArgs<T> adapter_args(const AdapterHeads& a) {
   return r;
 }
 
-int grid(int64_t n) {
-  return int(std::max<int64_t>(
-      1, std::min<int64_t>((n + KCLA_HEADS_THREADS - 1) / KCLA_HEADS_THREADS,
-                           4096)));
-}
-
-// Dynamic shared memory of `doubles` doubles, within the default 48 KiB.
-size_t shared_bytes(int64_t doubles, const char* op) {
-  const size_t bytes = size_t(doubles) * sizeof(double);
-  TORCH_CHECK(bytes <= 48 * 1024, op, ": ", doubles, " doubles per sample "
-              "exceed a CUDA block's 48 KiB of shared memory");
-  return bytes;
-}
-
 }  // namespace
 
 void kcla_adapter_heads_forward_cuda(const at::Tensor um,
@@ -54,7 +40,7 @@ void kcla_adapter_heads_forward_cuda(const at::Tensor um,
   const auto dopt = um.options().dtype(at::kDouble);
   at::Tensor y = at::empty({B, C}, dopt);
   at::Tensor v = a.batch_stats ? at::empty({B, C}, dopt) : y;
-  const size_t smem = shared_bytes(2 * C + out.z_out.size(1),
+  const size_t smem = kcla_shared_bytes(2 * C + out.z_out.size(1),
                                    "kcla_adapter_heads_forward_cuda");
   AT_DISPATCH_FLOATING_TYPES(
       um.scalar_type(), "kcla_adapter_heads_forward_cuda", [&] {
@@ -62,16 +48,16 @@ void kcla_adapter_heads_forward_cuda(const at::Tensor um,
         scalar_t* mean = out.bn_stats[0].data_ptr<scalar_t>();
         scalar_t* invstd = out.bn_stats[1].data_ptr<scalar_t>();
         adapter_moments_kernel<scalar_t>
-            <<<grid(B * C), KCLA_HEADS_THREADS, 0, stream>>>(
+            <<<kcla_grid(B * C), KCLA_THREADS, 0, stream>>>(
                 args, y.data_ptr<double>(), v.data_ptr<double>());
         AT_CUDA_CHECK(cudaGetLastError());
         adapter_bn_kernel<scalar_t>
-            <<<grid(C), KCLA_HEADS_THREADS, 0, stream>>>(
+            <<<kcla_grid(C), KCLA_THREADS, 0, stream>>>(
                 args, y.data_ptr<double>(), v.data_ptr<double>(), mean,
                 invstd);
         AT_CUDA_CHECK(cudaGetLastError());
         adapter_heads_kernel<scalar_t>
-            <<<B, KCLA_HEADS_THREADS, smem, stream>>>(
+            <<<B, KCLA_THREADS, smem, stream>>>(
                 args, y.data_ptr<double>(), mean, invstd,
                 out.mat.data_ptr<scalar_t>(), out.bias.data_ptr<scalar_t>(),
                 out.z_out.data_ptr<scalar_t>(), out.aux.data_ptr<scalar_t>());
@@ -94,7 +80,7 @@ void kcla_adapter_heads_backward_cuda(const at::Tensor um,
   at::Tensor gv = at::empty({C}, dopt);
   at::Tensor gzc = at::empty({B, G * ci}, dopt);
   const size_t smem =
-      shared_bytes(2 * C + 2 * G + KCLA_HEADS_THREADS,
+      kcla_shared_bytes(2 * C + 2 * G + KCLA_THREADS,
                    "kcla_adapter_heads_backward_cuda");
   AT_DISPATCH_FLOATING_TYPES(
       um.scalar_type(), "kcla_adapter_heads_backward_cuda", [&] {
@@ -109,20 +95,20 @@ void kcla_adapter_heads_backward_cuda(const at::Tensor um,
             p + 3 * B * C, gkk.data_ptr<double>(), gv.data_ptr<double>(),
             gzc.data_ptr<double>()};
         adapter_grad_heads_kernel<T>
-            <<<B, KCLA_HEADS_THREADS, smem, stream>>>(args, r);
+            <<<B, KCLA_THREADS, smem, stream>>>(args, r);
         AT_CUDA_CHECK(cudaGetLastError());
         adapter_grad_bn_kernel<T>
-            <<<grid(std::max(C, k)), KCLA_HEADS_THREADS, 0, stream>>>(
+            <<<kcla_grid(std::max(C, k)), KCLA_THREADS, 0, stream>>>(
                 args, r, g.grad_bn_weight.data_ptr<T>(),
                 g.grad_bn_bias.data_ptr<T>(), g.grad_k_kernel.data_ptr<T>());
         AT_CUDA_CHECK(cudaGetLastError());
         adapter_grad_state_kernel<T>
-            <<<B * G, KCLA_HEADS_THREADS, 0, stream>>>(
+            <<<B * G, KCLA_THREADS, 0, stream>>>(
                 args, r, g.r.data_ptr<T>(), data_ptr_or_null<T>(g.s));
         AT_CUDA_CHECK(cudaGetLastError());
         adapter_grad_params_kernel<T>
-            <<<grid(std::max(C * ci, B * a.z_in.size(1))),
-               KCLA_HEADS_THREADS, 0, stream>>>(
+            <<<kcla_grid(std::max(C * ci, B * a.z_in.size(1))),
+               KCLA_THREADS, 0, stream>>>(
                 args, r, data_ptr_or_null<T>(g.grad_weight),
                 g.grad_z_in.data_ptr<T>());
       });

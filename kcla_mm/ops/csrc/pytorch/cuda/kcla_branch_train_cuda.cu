@@ -16,17 +16,6 @@ decltype(kcla_branch_apply_impl) kcla_branch_apply_cuda;
 decltype(kcla_branch_bn_sums_impl) kcla_branch_bn_sums_cuda;
 decltype(kcla_branch_backward_impl) kcla_branch_backward_cuda;
 
-namespace {
-
-constexpr int kThreads = 256;
-
-int grid(int64_t n) {
-  return int(std::max<int64_t>(
-      1, std::min<int64_t>((n + kThreads - 1) / kThreads, 4096)));
-}
-
-}  // namespace
-
 void kcla_branch_train_forward_cuda(
     const at::Tensor x, const at::Tensor u, const at::Tensor w,
     const at::Tensor z, const at::Tensor gate, const at::Tensor weight,
@@ -43,7 +32,7 @@ void kcla_branch_train_forward_cuda(
   AT_DISPATCH_FLOATING_TYPES(
       x.scalar_type(), "kcla_branch_train_forward_cuda", [&] {
         branch_fold_stats_kernel<scalar_t>
-            <<<grid(C), kThreads, 0, stream>>>(
+            <<<kcla_grid(C), KCLA_THREADS, 0, stream>>>(
                 B, C, hw, stats.data_ptr<scalar_t>(),
                 bn_weight.data_ptr<scalar_t>(), bn_bias.data_ptr<scalar_t>(),
                 data_ptr_or_null<scalar_t>(running_mean),
@@ -81,7 +70,7 @@ void kcla_branch_train_backward_cuda(
   }
   AT_DISPATCH_FLOATING_TYPES(
       out.scalar_type(), "kcla_branch_bn_terms_cuda", [&] {
-        branch_bn_terms_kernel<scalar_t><<<grid(C), kThreads, 0, stream>>>(
+        branch_bn_terms_kernel<scalar_t><<<kcla_grid(C), KCLA_THREADS, 0, stream>>>(
             B, C, n, data_ptr_or_null<scalar_t>(bn_sums),
             scale.data_ptr<scalar_t>(), invstd.data_ptr<scalar_t>(),
             alpha.data_ptr<scalar_t>(), beta.data_ptr<scalar_t>(),
@@ -98,7 +87,7 @@ void kcla_branch_train_backward_cuda(
   AT_DISPATCH_FLOATING_TYPES(
       out.scalar_type(), "kcla_branch_grad_sums_cuda", [&] {
         branch_grad_sums_kernel<scalar_t>
-            <<<grid(C + B * G), kThreads, 0, stream>>>(
+            <<<kcla_grid(C + B * G), KCLA_THREADS, 0, stream>>>(
                 B, C, G, batch_stats, sums.data_ptr<double>(),
                 plane_bn_sums.data_ptr<scalar_t>(),
                 invstd.data_ptr<scalar_t>(), head_sums.data_ptr<scalar_t>(),

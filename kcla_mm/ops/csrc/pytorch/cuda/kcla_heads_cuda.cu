@@ -17,15 +17,6 @@ HeadDims head_dims(const at::Tensor& pooled, const at::Tensor& q_kernel,
   return {C, G, C / G, k, (k - 1) / 2, key_eps, max_log_weight};
 }
 
-// Dynamic shared memory of `doubles` doubles, within the default 48 KiB.
-size_t shared_bytes(int64_t doubles, const char* op) {
-  const size_t bytes = size_t(doubles) * sizeof(double);
-  TORCH_CHECK(bytes <= 48 * 1024, op, ": the heads of ", doubles,
-              " doubles per sample exceed a CUDA block's 48 KiB of shared "
-              "memory (C up to about 2,900 channels)");
-  return bytes;
-}
-
 }  // namespace
 
 void kcla_heads_forward_cuda(const at::Tensor pooled, const at::Tensor z,
@@ -39,13 +30,13 @@ void kcla_heads_forward_cuda(const at::Tensor pooled, const at::Tensor z,
   if (B == 0) return;
   const HeadDims hd = head_dims(pooled, q_kernel, w, key_eps, max_log_weight);
   const size_t smem =
-      shared_bytes(2 * hd.C + hd.G, "kcla_heads_forward_cuda");
+      kcla_shared_bytes(2 * hd.C + hd.G, "kcla_heads_forward_cuda");
   at::cuda::CUDAGuard device_guard(pooled.device());
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES(
       pooled.scalar_type(), "kcla_heads_forward_cuda", [&] {
         kcla_heads_forward_cuda_kernel<scalar_t>
-            <<<B, KCLA_HEADS_THREADS, smem, stream>>>(
+            <<<B, KCLA_THREADS, smem, stream>>>(
                 hd, pooled.data_ptr<scalar_t>(),
                 data_ptr_or_null<scalar_t>(z), q_kernel.data_ptr<scalar_t>(),
                 k_kernel.data_ptr<scalar_t>(), norm_d.data_ptr<scalar_t>(),
@@ -71,19 +62,17 @@ void kcla_heads_backward_cuda(
     grad_gate_weight.zero_();
     return;
   }
-  const size_t smem = shared_bytes(2 * hd.C + 4 * hd.G + KCLA_HEADS_THREADS,
-                                   "kcla_heads_backward_cuda");
+  const size_t smem = kcla_shared_bytes(2 * hd.C + 4 * hd.G + KCLA_THREADS,
+                                        "kcla_heads_backward_cuda");
   const int64_t width = 2 * hd.k + hd.G * hd.G;
   at::Tensor partial =
       at::empty({B, width}, pooled.options().dtype(at::kDouble));
   at::cuda::CUDAGuard device_guard(pooled.device());
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const int reduce_blocks = int(std::min<int64_t>(
-      (width + KCLA_HEADS_THREADS - 1) / KCLA_HEADS_THREADS, 1024));
   AT_DISPATCH_FLOATING_TYPES(
       pooled.scalar_type(), "kcla_heads_backward_cuda", [&] {
         kcla_heads_backward_cuda_kernel<scalar_t>
-            <<<B, KCLA_HEADS_THREADS, smem, stream>>>(
+            <<<B, KCLA_THREADS, smem, stream>>>(
                 hd, pooled.data_ptr<scalar_t>(),
                 q_kernel.data_ptr<scalar_t>(), k_kernel.data_ptr<scalar_t>(),
                 norm_d.data_ptr<scalar_t>(), gate_weight.data_ptr<scalar_t>(),
@@ -93,7 +82,7 @@ void kcla_heads_backward_cuda(
                 partial.data_ptr<double>());
         AT_CUDA_CHECK(cudaGetLastError());
         kcla_heads_reduce_cuda_kernel<scalar_t>
-            <<<reduce_blocks, KCLA_HEADS_THREADS, 0, stream>>>(
+            <<<kcla_grid(width), KCLA_THREADS, 0, stream>>>(
                 B, hd.k, hd.G * hd.G, partial.data_ptr<double>(),
                 grad_q_kernel.data_ptr<scalar_t>(),
                 grad_k_kernel.data_ptr<scalar_t>(),
