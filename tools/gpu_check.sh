@@ -47,6 +47,7 @@ sys.exit(not (h("cuda") and h("cuda", "branch")))' || {
     tests/test_ops/test_kcla_branch_cuda.py tests/test_ops/test_kcla_state.py \
     tests/test_ops/test_kcla_heads.py tests/test_ops/test_kcla_adapter.py \
     tests/test_ops/test_fused_backward.py tests/test_ops/test_ext_loader.py \
+    tests/test_ops/test_kcla_branch.py::test_layer_inference_matches_reference \
     tests/test_models/test_resnet_kcla_impls.py 2>&1 | tee "$LOG_DIR/tests.log"
 TESTS=${PIPESTATUS[0]}
 "$PY" tools/analysis/benchmark_kcla.py --device cuda --baseline resnetkcla \

@@ -22,19 +22,19 @@ and their gradient terms). With a :class:`StateTape` the layer does not
 even save ``u_next``: the next layer's backward inverts the running sum,
 ``u = u_next' - w' * x'``, and hands the result back through the tape, so
 the state costs one buffer per chain of layers instead of one feature map
-per layer. :func:`kcla_branch_inference` folds BN into one pass and
-updates the state in place; :func:`kcla_layer_inference` runs a whole
-layer (with its tail op and heads) in one call, sample by sample. Where
-the device has the ``'layer'`` kernels (the CPU), :func:`kcla_branch`'s
+per layer (:func:`release_invertible`). :func:`kcla_branch_inference`
+folds BN into one pass and updates the state in place;
+:func:`kcla_layer_inference` runs a whole layer (with its tail op and
+heads) in one call. Where :func:`layer_supported`, :func:`kcla_branch`'s
 forward and backward are one call each (BN's statistics, their fold and
-the gradient sums inside); elsewhere (CUDA) one kernel per pass, with
-that glue in ATen. All run the kernels of ``kcla_mm._ext``
+the gradient sums inside); elsewhere one kernel per pass, with that glue
+in ATen. All run the kernels of ``kcla_mm._ext``
 (float32/float64), the autograd ops as C++ Functions
 (``csrc/pytorch/kcla_branch_autograd.cpp``), which call the tapes' and
 handoffs' methods; callers check :func:`branch_supported` (and
 :func:`layer_supported`).
 """
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -45,19 +45,17 @@ from .ext_loader import get_ext, has_device_impl
 from .kcla_heads import as_operand, head_params
 
 
-# A layer saves its incoming state instead of inverting the running sum when
-# Z grew more than this factor since the oldest state the inversion would
-# recover: the recovered U carries a relative error of about eps * Z_now / Z.
-# The check reads Z on the host (one synchronisation per layer on a GPU):
-# the answer decides an allocation, and no fixed allocation keeps both the
-# inversion's memory saving and its accuracy for every Z.
+# A layer keeps its incoming state instead of letting backward invert the
+# running sum when Z grew more than this factor since the oldest state the
+# inversion would recover: the recovered U carries a relative error of about
+# eps * Z_now / Z. The growth is checked on the device, in the branch op;
+# :func:`release_invertible` reads all of a forward's answers at once.
 MAX_INVERSION_GROWTH = 16.0
 
 
 def capturing(t: Tensor) -> bool:
     """Whether ``t``'s stream is being captured into a CUDA graph, where the
-    host cannot read device values: there every layer that could invert
-    its state saves it instead (exact; one map per layer)."""
+    host cannot read device values."""
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
@@ -66,11 +64,14 @@ class StateTape:
 
     The layer that did not save its ``u_next`` takes it in its backward; the
     next layer's backward hands it over first (autograd runs the successor
-    first: it consumes ``u_next``). :attr:`z_floor` (B, G) is Z of the
-    oldest state that would be recovered by inversion alone. :attr:`grad_u`
-    is the gradient the successor's backward returned for ``u_next`` (see
-    :class:`GradHandoff`). A successor that does not invert (PyTorch ops, a
-    state adapter) keeps ``u_next`` in :attr:`saved` instead.
+    first: it consumes ``u_next``), recovered by inverting its own update,
+    unless the successor keeps ``u_next`` in :attr:`kept` (a successor that
+    does not invert, such as one on PyTorch ops or a state adapter, or one
+    whose growth check in :attr:`keep_flag` is not yet read: see
+    :func:`release_invertible`). :attr:`z_floor` (B, G) is Z of the oldest
+    state that would be recovered by inversion alone. :attr:`grad_u` is the
+    gradient the successor's backward returned for ``u_next`` (see
+    :class:`GradHandoff`).
     """
 
     def __init__(self) -> None:
@@ -78,19 +79,28 @@ class StateTape:
         self.writable = False
         self.z_floor: Optional[Tensor] = None
         self.grad_u = GradHandoff()
-        self.saved: Optional[Tensor] = None
+        self.kept: Optional[Tensor] = None
+        self.keep_flag: Optional[Tensor] = None
+
+    def keep(self, u: Tensor, flag: Optional[Tensor] = None) -> None:
+        """Keeps ``u`` for the taker, for good or, with ``flag`` (a device
+        bool), until :func:`release_invertible` reads it. Detached: the tape
+        is reachable from the node that produced ``u`` (it takes from the
+        tape), and a reference back would be a cycle through C++ that no
+        garbage collector breaks."""
+        self.kept, self.keep_flag = u.detach(), flag
 
     def hand(self, u: Tensor, writable: bool) -> None:
         """``writable``: the taker may invert ``u`` in place (False for a
-        tensor the successor saved: a second backward, ``retain_graph=True``,
+        tensor saved or kept: a second backward, ``retain_graph=True``,
         reads it again)."""
         self.u, self.writable = u, writable
 
     def take(self) -> Tuple[Tensor, bool]:
         """``u_next`` and whether it is writable."""
         u, self.u = self.u, None
-        if u is None and self.saved is not None:
-            return self.saved, False
+        if u is None and self.kept is not None:
+            return self.kept, False
         if u is None:
             raise RuntimeError(
                 'KCLA state inversion: the next layer\'s backward did not '
@@ -99,6 +109,26 @@ class StateTape:
                 'on its output alone cannot; set invert_state=False on it '
                 'for that)')
         return u, self.writable
+
+
+def release_invertible(tapes: Sequence[StateTape]) -> None:
+    """Drops the states that ``tapes`` keep only until their growth check
+    is read, where backward can recover them by inversion.
+
+    One host read for all of them: call it once a forward's layers have run
+    (``ResNetKCLA`` does, after its last stage). Until then every layer
+    keeps its incoming state, exact and one map each; a tape whose check
+    says Z grew too fast keeps it for good. Under CUDA-graph capture nothing
+    is read and every state is kept.
+    """
+    pending = [t for t in tapes if t.keep_flag is not None]
+    if not pending or capturing(pending[0].keep_flag):
+        return
+    flags = torch.stack([t.keep_flag for t in pending]).to('cpu', copy=True)
+    for tape, grew in zip(pending, flags.tolist()):
+        tape.keep_flag = None
+        if not grew:
+            tape.kept = None
 
 
 class GradHandoff:
@@ -140,11 +170,21 @@ def branch_supported(x: Tensor, norm: nn.Module) -> bool:
             and has_device_impl(x.device.type, 'branch'))
 
 
-def layer_supported(x: Tensor) -> bool:
-    """Whether :func:`kcla_layer_inference` and
-    :func:`kcla_mm.ops.kcla_heads.kcla_heads` can run for ``x`` (on top of
-    :func:`branch_supported`)."""
-    return has_device_impl(x.device.type, 'layer')
+# Devices whose 'layer' kernels have not yet passed the CUDA tests on a real
+# GPU: there impl='auto' keeps the per-pass route that one has passed, and
+# impl='fused' opts in (docs/gpu.md).
+UNVERIFIED_LAYER_DEVICES = frozenset({'cuda'})
+
+
+def layer_supported(x: Tensor, impl: str = 'auto') -> bool:
+    """Whether the extension's ``'layer'`` group (:func:`kcla_layer_inference`,
+    the one-call training branch, :func:`kcla_mm.ops.kcla_heads.kcla_heads`
+    and the adapter ops) runs for ``x`` under ``impl`` (on top of
+    :func:`branch_supported`): the device has it, verified, or ``impl`` is
+    ``'fused'``."""
+    device = x.device.type
+    return has_device_impl(device, 'layer') and (
+        impl == 'fused' or device not in UNVERIFIED_LAYER_DEVICES)
 
 
 def foldable_bn(norm: nn.Module) -> bool:
@@ -157,18 +197,19 @@ def foldable_bn(norm: nn.Module) -> bool:
 
 def relu_pool(s: Tensor,
               residual: Optional[Tensor] = None,
-              handoff: Optional[GradHandoff] = None) -> Tuple[Tensor, Tensor]:
+              handoff: Optional[GradHandoff] = None,
+              impl: str = 'auto') -> Tuple[Tensor, Tensor]:
     """``x = ReLU(s + residual)`` in place and ``x.mean((2, 3))``,
     (B, C, H, W) -> ((B, C, H, W), (B, C)); ``s`` (and ``residual``, if
     given: a block's shortcut) must be contiguous; ``s`` is overwritten.
     With autograd it saves only the ReLU's bit mask. ``handoff``: where the
     op consuming ``x`` hands its gradient of ``x`` back through it, backward
-    writes the gradient of ``s`` over it (on devices with the ``'layer'``
-    kernels)."""
+    writes the gradient of ``s`` over it (where :func:`layer_supported`
+    under ``impl``, as the one-call branch hands it over)."""
     if torch.is_grad_enabled() and (s.requires_grad or (
             residual is not None and residual.requires_grad)):
         return tuple(get_ext().kcla_relu_pool_autograd(
-            s, residual, handoff, layer_supported(s)))
+            s, residual, handoff, layer_supported(s, impl)))
     pooled = s.new_empty(s.shape[:2])
     get_ext().kcla_relu_pool_forward(s, residual, None, pooled)
     return s, pooled
@@ -240,44 +281,47 @@ def kcla_branch(x: Tensor,
                 tape_in: Optional[StateTape] = None,
                 tape_out: Optional[StateTape] = None,
                 out_in_place: bool = False,
-                x_handoff: Optional[GradHandoff] = None
-                ) -> Tuple[Tensor, Tensor]:
+                x_handoff: Optional[GradHandoff] = None,
+                impl: str = 'auto') -> Tuple[Tensor, Tensor]:
     """Training/autograd branch; returns ``(out, u_next)``, both (B, C, H, W).
 
     ``norm`` uses batch statistics (and updates its running ones) when in
     training mode, as ``nn.BatchNorm2d`` does. ``tape_in``: the tape of the
     layer that produced ``u``, which this layer's backward fills with ``u``.
     ``tape_out``: if given, ``u_next`` is not saved; the next layer's
-    backward must fill this tape. ``u`` itself is saved instead of inverted
-    when Z grew by more than :data:`MAX_INVERSION_GROWTH` since
-    ``tape_in.z_floor``, or under CUDA-graph capture (:func:`capturing`);
-    otherwise, with ``tape_in``, ``u`` (the previous
-    layer's unsaved ``u_next``) is updated in place. ``out_in_place``: write
+    backward must fill this tape. With ``tape_in``, ``u`` (the previous
+    layer's unsaved ``u_next``) is kept on ``tape_in`` with the device's
+    answer whether Z grew by more than :data:`MAX_INVERSION_GROWTH` since
+    ``tape_in.z_floor``, for :func:`release_invertible` to drop it where
+    backward can invert. ``out_in_place``: write
     ``out`` over ``x`` (which must then be a tensor nobody else needs, e.g.
     :func:`relu_pool`'s). ``x_handoff``: backward hands its gradient of
     ``x`` through it (to :func:`relu_pool`, which produced ``x``).
+    ``impl``: the layer's, for :func:`layer_supported`.
     """
     use_batch_stats = norm.training or norm.running_mean is None
     dtype = x.dtype
     if u is None:
         tape_in = None
-    save_u = tape_in is not None and (capturing(z) or bool(
-        (z > MAX_INVERSION_GROWTH * tape_in.z_floor).any()))
-    if tape_out is not None:
-        tape_out.z_floor = z if tape_in is None or save_u else \
-            tape_in.z_floor
     # the one-call kernels of the 'layer' group, where the running
     # statistics (if any) have x's dtype
-    one_call = layer_supported(x) and (norm.running_mean is None or
+    one_call = layer_supported(x, impl) and (norm.running_mean is None or
                                        norm.running_mean.dtype == dtype)
-    return tuple(get_ext().kcla_branch_autograd(
-        x, None if u is None else u.contiguous(), as_operand(w, dtype),
-        as_operand(z, dtype), as_operand(gate, dtype),
-        as_operand(weight, dtype), norm.weight, norm.bias,
-        as_operand(keep, dtype), norm.running_mean, norm.running_var,
+    z = as_operand(z, dtype)
+    results = get_ext().kcla_branch_autograd(
+        x, None if u is None else u.contiguous(), as_operand(w, dtype), z,
+        as_operand(gate, dtype), as_operand(weight, dtype), norm.weight,
+        norm.bias, as_operand(keep, dtype), norm.running_mean,
+        norm.running_var,
         running_stats_momentum(norm) if use_batch_stats else None,
         use_batch_stats, one_call, norm.eps, float(eps), tape_in, tape_out,
-        save_u, out_in_place, x_handoff))
+        out_in_place, x_handoff,
+        None if tape_in is None else tape_in.z_floor, MAX_INVERSION_GROWTH)
+    if tape_in is not None:
+        tape_in.keep(u, results[2])
+    if tape_out is not None:
+        tape_out.z_floor = z if tape_in is None else results[3]
+    return results[0], results[1]
 
 
 def kcla_branch_inference(x: Tensor,

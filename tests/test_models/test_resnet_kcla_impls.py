@@ -1,14 +1,16 @@
 """ResNetKCLA's fused path equals its PyTorch path, on the CPU and a GPU.
 
-The same network (ResNet-50 layout at base width 16) runs once with
-``kcla_impl='fused'`` (the extension's kernels) and once with
-``kcla_impl='torch'`` (plain PyTorch ops), from the same weights and, in
-training, the same drop-path draws (same seed, same device). Three paths:
-the CPU's (one-call kernels of the extension's 'layer' group), the CPU
-taking a GPU's dispatch (that group hidden: the branch one kernel per pass,
-the heads and adapters in torch), and a GPU's (needs a GPU and an extension
-built with CUDA). This file imports no mmdet, so it also runs where mmcv
-has no compiled ops (mmdet.models needs them).
+The same network (ResNet-50 layout at base width 16) runs once with the
+extension's kernels and once with ``kcla_impl='torch'`` (plain PyTorch
+ops), from the same weights and, in training, the same drop-path draws
+(same seed, same device). Four paths: the CPU's (one-call kernels of the
+extension's 'layer' group), the CPU taking the per-pass dispatch (that
+group hidden: the branch one kernel per pass, the heads and adapters in
+torch), and on a GPU (needs an extension built with CUDA) the 'layer'
+group with ``kcla_impl='fused'`` and the per-pass route that
+``kcla_impl='auto'`` keeps there until the 'layer' kernels have passed
+on a GPU. This file imports no mmdet, so it also runs where mmcv has no
+compiled ops (mmdet.models needs them).
 """
 import collections
 
@@ -19,15 +21,20 @@ import kcla_mm.ops.kcla_branch as kcla_branch_mod
 from kcla_mm.models import ResNetKCLA
 from kcla_mm.ops import get_ext, has_device_impl
 
+CUDA_BRANCH = torch.cuda.is_available() and has_device_impl('cuda', 'branch')
 CUDA = pytest.param('cuda', marks=pytest.mark.skipif(
-    not (torch.cuda.is_available() and has_device_impl('cuda', 'branch')),
+    not (CUDA_BRANCH and has_device_impl('cuda', 'layer')),
+    reason="needs a GPU and kcla_mm._ext built with the CUDA 'layer' "
+    'kernels'))
+CUDA_AUTO = pytest.param('cuda_auto', marks=pytest.mark.skipif(
+    not CUDA_BRANCH,
     reason='needs a GPU and kcla_mm._ext built with the CUDA branch kernels'))
-PATHS = ['cpu', 'cpu_gpu_dispatch', CUDA]
+PATHS = ['cpu', 'cpu_gpu_dispatch', CUDA, CUDA_AUTO]
 
-# the ops of the extension's 'layer' group (which CUDA lacks, pybind.cpp)
-# that Python calls (the heads' kernels through their autograd op); the
-# branch's one-call training kernels are called from C++, so
-# per_kernel_branch below checks its one_call argument instead
+# the ops of the extension's 'layer' group that Python calls (the heads'
+# kernels through their autograd op); the branch's one-call training
+# kernels are called from C++, so per_kernel_branch below checks its
+# one_call argument instead
 LAYER_OPS = ('kcla_layer_inference', 'kcla_heads_autograd',
              'kcla_adapter_inference', 'kcla_adapter_autograd')
 # the per-kernel ops each path must run instead (in training the autograd
@@ -55,24 +62,26 @@ def count_calls(names, monkeypatch) -> collections.Counter:
 
 
 def take_path(path, monkeypatch):
-    """The device of ``path``, and for 'cpu_gpu_dispatch' a counter of the
-    extension's calls after hiding its 'layer' group (a call of one of its
-    ops fails the test); else None."""
-    if path != 'cpu_gpu_dispatch':
-        return path, None
-    real = kcla_branch_mod.has_device_impl
-
-    def without_layer_group(device_type, group='state'):
-        return group != 'layer' and real(device_type, group)
-
-    monkeypatch.setattr(kcla_branch_mod, 'has_device_impl',
-                        without_layer_group)
+    """(device, kcla_impl, calls) of ``path``: for the per-pass paths
+    ('cpu_gpu_dispatch': the 'layer' group hidden on the CPU; 'cuda_auto')
+    a counter of the extension's calls (a call of a 'layer' op fails the
+    test), else None."""
+    if path in ('cpu', 'cuda'):
+        return (path, 'fused'), None
     ext = get_ext()
+    if path == 'cpu_gpu_dispatch':
+        real = kcla_branch_mod.has_device_impl
+
+        def without_layer_group(device_type, group='state'):
+            return group != 'layer' and real(device_type, group)
+
+        monkeypatch.setattr(kcla_branch_mod, 'has_device_impl',
+                            without_layer_group)
 
     def refused(name):
         def call(*args):
-            raise AssertionError(f'{name} ran, but the GPU dispatch has no '
-                                 "'layer' group")
+            raise AssertionError(f"{name} ran, but the per-pass route has "
+                                 "no 'layer' group")
         return call
 
     for name in LAYER_OPS:
@@ -86,17 +95,18 @@ def take_path(path, monkeypatch):
         return branch(*args)
 
     monkeypatch.setattr(ext, 'kcla_branch_autograd', per_kernel_branch)
-    return 'cpu', calls
+    return ('cpu', 'fused') if path == 'cpu_gpu_dispatch' else \
+        ('cuda', 'auto'), calls
 
 
-def fused_and_torch(device, depth=50, **kwargs):
+def fused_and_torch(device, depth=50, impl='fused', **kwargs):
     """ResNet-``depth``-KCLA (base width 16, head_dim 16, training BNs,
-    ``kwargs``) with ``kcla_impl='fused'``, and the same weights with
+    ``kwargs``) with ``kcla_impl=impl``, and the same weights with
     ``'torch'``, on ``device``."""
     torch.manual_seed(0)
     models = [ResNetKCLA(depth, base_channels=16, head_dim=16,
-                         kcla_impl=impl, norm_eval=False, **kwargs)
-              for impl in ('fused', 'torch')]
+                         kcla_impl=kcla_impl, norm_eval=False, **kwargs)
+              for kcla_impl in (impl, 'torch')]
     models[1].load_state_dict(models[0].state_dict())
     return [m.to(device) for m in models]
 
@@ -114,8 +124,8 @@ def train_step(model, x, forward=None):
 
 @pytest.mark.parametrize('path', PATHS)
 def test_inference_matches_torch_path(path, monkeypatch):
-    device, calls = take_path(path, monkeypatch)
-    fused, ref = fused_and_torch(device)
+    (device, impl), calls = take_path(path, monkeypatch)
+    fused, ref = fused_and_torch(device, impl=impl)
     x = torch.rand(2, 3, 64, 64, device=device)
     tol = INFERENCE_TOL[device]
     with torch.no_grad():  # inference kernels (BN folded, state in place)
@@ -130,8 +140,8 @@ def test_training_matches_torch_path_float64(path, monkeypatch):
     # training kernels, drop-path, BN batch statistics; in float64, since
     # train-mode BNs over stage 4's 8 values per channel amplify float32
     # round-off
-    device, calls = take_path(path, monkeypatch)
-    fused, ref = (m.double() for m in fused_and_torch(device))
+    (device, impl), calls = take_path(path, monkeypatch)
+    fused, ref = (m.double() for m in fused_and_torch(device, impl=impl))
     x = torch.rand(2, 3, 64, 64, device=device, dtype=torch.float64)
     for a, b in zip(train_step(fused, x), train_step(ref, x)):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
@@ -163,17 +173,18 @@ def test_sync_bn_reverted_by_mmengine_takes_fused_path(monkeypatch):
     assert calls == {'kcla_branch_autograd': 16, 'kcla_layer_inference': 16}
 
 
-@pytest.mark.skipif(
-    not (torch.cuda.is_available() and has_device_impl('cuda', 'branch')),
-    reason='needs a GPU and kcla_mm._ext built with the CUDA branch kernels')
-def test_training_step_replays_as_cuda_graph():
+@pytest.mark.parametrize('impl', [
+    pytest.param('fused', marks=CUDA.marks),
+    pytest.param('auto', marks=CUDA_AUTO.marks)])
+def test_training_step_replays_as_cuda_graph(impl):
     """A training step (forward and backward, static shapes) captured with
     torch.cuda.graph replays with the eager step's gradients: nothing in it
     reads a device value on the host (capture raises where something
-    does)."""
+    does), on the 'layer' group ('fused') and the per-pass route
+    ('auto')."""
     torch.manual_seed(0)
     model = ResNetKCLA(50, base_channels=16, head_dim=16, norm_eval=False,
-                       kcla_drop_path=0.0).cuda().train()
+                       kcla_drop_path=0.0, kcla_impl=impl).cuda().train()
     x = torch.rand(2, 3, 64, 64, device='cuda')
 
     def step():

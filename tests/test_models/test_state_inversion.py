@@ -1,10 +1,13 @@
 """Training memory: a KCLA layer's state recovered by inverting the sum."""
 import pytest
 import torch
+import torch.nn as nn
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from kcla_mm.models import ResNetKCLA
 from kcla_mm.models.layers import KCLALayer
 from kcla_mm.ops import kcla_branch as branch_ops
+from kcla_mm.ops.kcla_branch import StateTape, kcla_branch
 
 
 def chain(n, channels=16, invert=True, key_std=None, dtype=torch.float64,
@@ -22,10 +25,11 @@ def chain(n, channels=16, invert=True, key_std=None, dtype=torch.float64,
 
 
 def run(layers, xs, seed=1, backwards=1):
-    """Forward + ``backwards`` backward passes (each with other output
-    gradients; all but the last retain the graph); returns outputs, input
-    grads, parameter grads and the bytes of the distinct storages autograd
-    saved."""
+    """Forward (releasing the invertible states, as ResNetKCLA does) +
+    ``backwards`` backward passes (each with other output gradients; all
+    but the last retain the graph); returns outputs, input grads, parameter
+    grads and the bytes of the distinct storages autograd saved or the
+    state tapes keep."""
     storages = {}
 
     def pack(t):
@@ -34,11 +38,17 @@ def run(layers, xs, seed=1, backwards=1):
 
     inputs = [x.clone().requires_grad_() for x in xs]
     torch.manual_seed(seed)
-    state, outs = None, []
+    state, outs, tapes = None, [], []
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         for layer, x in zip(layers, inputs):
             out, state = layer(x, state)
             outs.append(out)
+            if state.tape is not None:
+                tapes.append(state.tape)
+    branch_ops.release_invertible(tapes)
+    for tape in tapes:
+        if tape.kept is not None:
+            pack(tape.kept)
     gen = torch.Generator().manual_seed(2)
     for k in range(backwards):
         sum((o * torch.randn(o.shape, generator=gen,
@@ -115,22 +125,21 @@ def test_fast_growing_weights_keep_float32_accuracy(monkeypatch):
 
 def test_second_backward_with_retain_graph(monkeypatch):
     """A second backward reads the states the first one left: a state that
-    a layer saved (Z grew past MAX_INVERSION_GROWTH) and handed back to its
+    a layer kept (Z grew past MAX_INVERSION_GROWTH) and handed back to its
     predecessor, which inverts its own state in place, must stay intact
     (it was inverted in place: the second backward's gradients were wrong,
     ResNet-50-KCLA's by up to 3.3e3 times their largest value)."""
-    saves = []
-    ext = branch_ops.get_ext()
-    apply = ext.kcla_branch_autograd
+    kept = []
+    release = branch_ops.release_invertible
 
-    def spy(*args):
-        saves.append(args[18])  # save_u
-        return apply(*args)
+    def spy(tapes):
+        release(tapes)
+        kept.extend(tape.kept is not None for tape in tapes)
 
-    monkeypatch.setattr(ext, 'kcla_branch_autograd', spy)
+    monkeypatch.setattr(branch_ops, 'release_invertible', spy)
     results = torch_and_fused(inputs(6), backwards=2, key_std=1.5)
-    # the layers after the first: some save their state, some invert
-    assert True in saves[1:] and False in saves[1:], saves
+    # the interior layers' states: some kept, some inverted
+    assert True in kept and False in kept, kept
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
@@ -175,3 +184,53 @@ def test_backbone_inverts_interior_layers_only(norm_eval):
         results.append([p.grad for p in model.parameters()])
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize('factor', [15.9, 16.1])
+def test_growth_check_runs_on_the_device(factor):
+    """The branch keeps its incoming state on the tape with a device flag:
+    whether Z grew more than 16x over the tape's floor for any head of any
+    sample; the next floor is Z where it did, else the old floor."""
+    torch.manual_seed(0)
+    x = torch.rand(2, 8, 5, 4, requires_grad=True)
+    u = torch.rand(2, 8, 5, 4)
+    floor = torch.rand(2, 2) + 0.5
+    z = floor.clone()
+    z[1, 0] *= factor
+    tape_in, tape_out = StateTape(), StateTape()
+    tape_in.z_floor = floor
+    kcla_branch(x, u, torch.rand(2, 2) + 0.1, z, torch.rand(2, 2),
+                torch.randn(8, 1, 3, 3), nn.BatchNorm2d(8), torch.ones(2),
+                tape_in=tape_in, tape_out=tape_out)
+    grew = factor > 16
+    assert tape_in.keep_flag.dtype == torch.bool
+    assert bool(tape_in.keep_flag) == grew
+    assert torch.equal(tape_out.z_floor, z if grew else floor)
+    assert torch.equal(tape_in.kept, u)
+
+
+def test_release_drops_only_the_states_backward_can_invert():
+    tapes = [StateTape() for _ in range(4)]
+    for tape, grew in zip(tapes, (False, True, False)):
+        tape.keep(torch.ones(3), torch.tensor(grew))
+    tapes[3].keep(torch.ones(3))  # kept for good: no flag to read
+    branch_ops.release_invertible(tapes)
+    assert [t.kept is not None for t in tapes] == [False, True, False, True]
+    assert all(t.keep_flag is None for t in tapes)
+
+
+def test_dropping_the_outputs_frees_the_kept_states():
+    """A forward whose outputs are dropped without backward (an exception,
+    a skipped step) frees the states its tapes keep: no reference cycle
+    between the tapes and the graph holds them."""
+    layers = chain(3, dtype=torch.float32)
+    state, outs, kept = None, [], []
+    for layer, x in zip(layers, inputs(3, torch.float32)):
+        out, new_state = layer(x.requires_grad_(), state)
+        if state is not None:
+            kept.append(StorageWeakRef(state.tape.kept.untyped_storage()))
+        state = new_state
+        outs.append(out)
+    assert len(kept) == 2 and not any(ref.expired() for ref in kept)
+    del outs, state, new_state, out
+    assert all(ref.expired() for ref in kept)

@@ -44,7 +44,7 @@ def test_gpu_check_refuses_without_a_gpu_and_names_existing_tests(tmp_path):
     script = osp.join(ROOT, 'tools', 'gpu_check.sh')
     with open(script) as f:
         named = re.findall(r'tests/\S+\.py', f.read())
-    assert len(named) == 7
+    assert len(named) == 8
     assert [p for p in named if not osp.isfile(osp.join(ROOT, p))] == []
     logs = tmp_path / 'logs'
     result = subprocess.run(['bash', script, str(logs)],

@@ -122,7 +122,7 @@ def test_branch_ops_first_order_and_unbatched(one_call, monkeypatch):
     gradients raise."""
     if not one_call:  # the per-kernel path, as devices without 'layer' run
         monkeypatch.setattr(kcla_branch_mod, 'layer_supported',
-                            lambda x: False)
+                            lambda x, impl='auto': False)
     s, u, w, z, gate, weight, norm, keep = make_case(torch.float64)
     w.requires_grad_()
 

@@ -61,6 +61,14 @@ def op_weight(weight, c, g):
     return weight.view(c, -1)
 
 
+# the CUDA launcher of the 'layer' group's inference adapter (not yet
+# verified on a GPU: kcla_mm.ops.kcla_branch.UNVERIFIED_LAYER_DEVICES)
+CUDA_LAYER = pytest.param('cuda', marks=pytest.mark.skipif(
+    not (torch.cuda.is_available() and has_device_impl('cuda', 'layer')),
+    reason="needs a GPU and kcla_mm._ext's CUDA 'layer' kernels"))
+
+
+@pytest.mark.parametrize('device', ['cpu', CUDA_LAYER])
 @pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
 @pytest.mark.parametrize(
     'c_in,g_in,c,g,stride,h,w,conv',
@@ -69,13 +77,16 @@ def op_weight(weight, c, g):
      (16, 4, 32, 4, 3, 10, 7, True),    # stride 3, sizes not divisible
      (12, 3, 12, 3, 1, 5, 5, False)])   # same width and resolution
 def test_adapter_matches_reference(c_in, g_in, c, g, stride, h, w, conv,
-                                   dtype):
+                                   dtype, device):
     u, z, weight, stride, bn, k_kernel, norm_d = make_adapter_case(
         c_in, g_in, c, g, stride, h, w, conv, dtype)
     u_ref, z_ref = reference_adapter(u, z, weight, stride, bn, k_kernel,
                                      norm_d)
-    u_got, z_got = kcla_adapter_inference(u, z, op_weight(weight, c, g),
-                                          stride, bn, k_kernel, norm_d, 10.0)
+    u_got, z_got = kcla_adapter_inference(
+        u.to(device), z.to(device), op_weight(weight, c, g).to(device),
+        stride, copy.deepcopy(bn).to(device), k_kernel.to(device),
+        norm_d.to(device), 10.0)
+    u_got, z_got = u_got.cpu(), z_got.cpu()
     assert u_got.shape == (3, c, -(-h // stride), -(-w // stride))
     # float32: rounding differs with the order of the folded products
     scale = u_ref.abs().max().item()

@@ -22,7 +22,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kcla_mm.ops import get_ext, has_device_impl
-from kcla_mm.ops.kcla_branch import StateTape, kcla_branch, relu_pool
+from kcla_mm.ops.kcla_branch import (StateTape, kcla_branch, relu_pool,
+                                     release_invertible)
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a GPU'),
@@ -650,7 +651,8 @@ def test_one_call_training_kernels_cuda_match_cpu(monkeypatch):
     whole: called here directly) equals the CPU's: values, gradients,
     running statistics."""
     import kcla_mm.ops.kcla_branch as kcla_branch_mod
-    monkeypatch.setattr(kcla_branch_mod, 'layer_supported', lambda x: True)
+    monkeypatch.setattr(kcla_branch_mod, 'layer_supported',
+                        lambda x, impl='auto': True)
     ext, one_call = get_ext(), []
     apply = ext.kcla_branch_autograd
 
@@ -712,9 +714,10 @@ def test_relu_pool_then_branch_in_place_cuda_matches_cpu():
 
 
 def chain_on(device, shape, dtype, training):
-    """Three layers sharing one state through tapes: the middle layer's
+    """Three layers sharing one state through tapes, released as the
+    backbone does: where the growth check allows, the middle layer's
     backward inverts the running sum in place (u_prev aliases u_next), the
-    last one into a new buffer."""
+    last one into a new buffer; the flags are returned with the values."""
     layers = [inputs(shape, seed=10 + i) for i in range(3)]
     tapes = [StateTape(), StateTape()]
     u0 = leaves_on(device, layers[0], ('u',), dtype)['u']
@@ -729,10 +732,12 @@ def chain_on(device, shape, dtype, training):
                              tape_out=tapes[i] if i < 2 else None)
         outs.append(out)
         params += list(ins.values()) + [norm.weight, norm.bias]
+    flags = torch.stack([t.keep_flag for t in tapes]).to(torch.float64)
+    release_invertible(tapes)
     outs.append(u)
     seeds = [s.to(device=device, dtype=dtype) for s in seeds_for(outs, 4)]
     grads = torch.autograd.grad(outs, params, seeds)
-    return outs, list(grads)
+    return outs + [flags], list(grads)
 
 
 def test_state_tape_chain_cuda_matches_cpu():

@@ -133,7 +133,8 @@ def test_bad_arguments_name_the_option(argv, message, capsys):
 def test_dispatch_count_counts_ops_syncs_and_extension_calls():
     """(f)'s counter on known work: an add and a sum count, a view does
     not, ``float()`` of a tensor is one op and one host synchronisation,
-    and each call into the extension counts once; the extension's
+    so is a copy to the host (a dtype conversion on the CPU is an op
+    only), and each call into the extension counts once; the extension's
     functions are its own again afterwards."""
     import torch
 
@@ -147,6 +148,10 @@ def test_dispatch_count_counts_ops_syncs_and_extension_calls():
         float(y.sum())
         ext.device_types('state')
     assert (counts.ops, counts.syncs, counts.ext_calls) == (3, 1, 1)
+    with bench.DispatchCount() as counts:
+        x.to('cpu', copy=True)
+        x.to(torch.zeros(1, dtype=torch.float64))
+    assert (counts.ops, counts.syncs) == (3, 1)
     assert ext.device_types is original
 
 
@@ -154,17 +159,17 @@ def test_dispatch_counts_bound_the_layer_attention_route():
     """(f) on this machine's route, batch 2 at 96x96: the plain ResNet-50
     calls no extension and never synchronises; ResNet-50-KCLA's inference
     never synchronises and dispatches at most 1.3x the plain network's ops
-    + extension calls; its training step at most 1.5x, with at most one
-    synchronisation per block that can invert its incoming state (12 of
-    ResNet-50's 16). Bounds, so that the route cannot silently grow."""
+    + extension calls; its training step at most 1.5x, with one
+    synchronisation (the state tapes' growth checks, read together). Bounds,
+    so that the route cannot silently grow."""
     import torch
     bench = load_tool('benchmark_kcla')
     plain, kcla = bench.build_pair('cpu')
     x = torch.rand(2, 3, 96, 96)
-    for training, ratio, syncs in ((False, 1.3, 0), (True, 1.5, 12)):
+    for training, ratio, syncs in ((False, 1.3, 0), (True, 1.5, 1)):
         base = bench.dispatch_counts(plain, x, training)
         ours = bench.dispatch_counts(kcla, x, training)
         assert (base.syncs, base.ext_calls) == (0, 0)
         assert ours.ext_calls > 0
-        assert ours.syncs <= syncs
+        assert ours.syncs == syncs
         assert ours.ops + ours.ext_calls <= ratio * base.ops

@@ -6,8 +6,10 @@ Prints, for one run on this machine, side by side and as ratios:
       detector's input), float32 or under autocast (--amp: float16 on
       CUDA, bfloat16 on the CPU)) and inference (eval, no grad), each with
       both sides' minor page faults per call;
-  (b) activation memory of a training step: the distinct storages autograd
-      keeps for backward after one forward (batch 8), parameters excluded;
+  (b) activation memory of a training step: the distinct storages one
+      forward (batch 8) leaves alive for backward, saved by autograd or
+      kept by KCLA's state tapes, parameters excluded, and the peak during
+      that forward;
   (c) the fused op vs its PyTorch reference: one layer's feature-map work
       (the block's shortcut add and final ReLU, GAP, state update, normalisation, depthwise
       3x3, gate, BN with batch statistics, ReLU, drop-path, add), forward
@@ -22,7 +24,8 @@ Prints, for one run on this machine, side by side and as ratios:
   (f) dispatch counts of ResNet-50-KCLA vs the plain ResNet-50 (batch 2,
       96x96), one training step and one inference forward, on --device's
       route: aten ops (views and metadata-only ops left out), calls into
-      kcla_mm._ext and host synchronisations (``_local_scalar_dense``);
+      kcla_mm._ext and host synchronisations (``_local_scalar_dense``,
+      copies to the host);
       eager GPU training of small per-layer ops is launch-bound, so these
       counts predict the GPU ratio, and they do not depend on the machine.
 Times are medians of --runs runs after --warmup runs, with torch's thread
@@ -40,7 +43,7 @@ import resource
 import statistics
 import time
 from types import BuiltinFunctionType
-from typing import Callable, Dict, Sequence
+from typing import Callable, Dict, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -196,11 +199,33 @@ class PeakMemory(TorchDispatchMode):
         return out
 
 
+def forward_memory(model: nn.Module, x: torch.Tensor) -> Tuple[int, int]:
+    """(held, peak) bytes of a forward of ``model``: the tensors it leaves
+    alive (its outputs, and what their graph holds for backward: saved by
+    autograd or kept by the layers themselves, as KCLA's state tapes), and
+    the most alive at once during it."""
+    with PeakMemory() as tracker:
+        outs = model(x)
+    held = sum(nbytes for ref, nbytes in tracker.live.values()
+               if not ref.expired())
+    del outs
+    return held, tracker.peak
+
+
 def peak_bytes(fn: Callable[[], None]) -> int:
     """Peak bytes of the tensors ``fn`` creates (see PeakMemory)."""
     with PeakMemory() as tracker:
         fn()
     return tracker.peak
+
+
+def to_host(t: torch.Tensor, kwargs: dict) -> bool:
+    """Whether a ``_to_copy`` of ``t`` is a copy to the host: from another
+    device, or to the CPU unchanged (``.to('cpu', copy=True)``, a
+    device-to-host transfer where ``t`` is on a GPU)."""
+    if kwargs.get('device') != torch.device('cpu'):
+        return False
+    return t.device.type != 'cpu' or kwargs.get('dtype', t.dtype) == t.dtype
 
 
 # views and metadata-only ops: no kernel launch on any device
@@ -213,7 +238,8 @@ VIEW_OPS = frozenset(('view', '_unsafe_view', 'reshape', 'expand',
 class DispatchCount(TorchDispatchMode):
     """Counts, inside the mode: aten ops other than views and ``empty*``
     (:attr:`ops`), host synchronisations (:attr:`syncs`: the
-    ``_local_scalar_dense`` of ``.item()`` or ``bool(tensor)``) and
+    ``_local_scalar_dense`` of ``.item()`` or ``bool(tensor)``, and copies
+    to the host, counted on the CPU too, where they stand for a GPU's) and
     Python calls into ``kcla_mm._ext`` (:attr:`ext_calls`; the aten ops the
     extension dispatches are in :attr:`ops`)."""
 
@@ -224,7 +250,8 @@ class DispatchCount(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
-        self.syncs += name == '_local_scalar_dense'
+        self.syncs += name == '_local_scalar_dense' or (
+            name == '_to_copy' and to_host(args[0], kwargs or {}))
         if name not in VIEW_OPS and not name.startswith('empty'):
             self.ops += 1
         return func(*args, **(kwargs or {}))
@@ -341,8 +368,10 @@ def section_b(args):
     x = torch.rand(8, 3, 224, 224, device=args.device)
     plain.train()
     kcla.train()
-    row('saved for backward', saved_activation_bytes(plain, x) / 2**20,
-        saved_activation_bytes(kcla, x) / 2**20, 'MiB')
+    (plain_held, plain_peak), (held, peak) = (
+        forward_memory(m, x) for m in (plain, kcla))
+    row('held for backward', plain_held / 2**20, held / 2**20, 'MiB')
+    row('peak during the forward', plain_peak / 2**20, peak / 2**20, 'MiB')
 
 
 def branch_case(channels: int, size: int, device: str, batch: int = 4):

@@ -8,6 +8,7 @@ from mmengine.model import BaseModule
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from kcla_mm.ops.kcla_branch import release_invertible
 from kcla_mm.ops.kcla_state import IMPLS
 from ..layers import KCLALayer, LayerAttention, MRLALight
 from ..layers.utils import (check_layer_cfg, check_positive_float,
@@ -100,8 +101,9 @@ class ResNetKCLA(BaseModule):
         state_init_blocks (Sequence[int]): blocks (index within a stage)
             whose KCLA layer re-initialises the state through the
             cross-stage adapter; must contain 0. Defaults to (0, 11).
-        kcla_impl (str): KCLA state update, ``'auto'``, ``'fused'`` or
-            ``'torch'``. Defaults to ``'auto'``.
+        kcla_impl (str): the KCLA layers' implementation, ``'auto'``,
+            ``'fused'`` or ``'torch'`` (see :class:`KCLALayer`'s ``impl``).
+            Defaults to ``'auto'``.
         pretrained (str, optional): deprecated, use ``init_cfg``.
         init_cfg (dict or list[dict], optional): initialisation config.
 
@@ -526,6 +528,7 @@ class ResNetKCLA(BaseModule):
         outs = [x] if self.with_stem_out else []
         x = self.maxpool(x)
         state = None
+        tapes = []  # of the layers whose successors may invert their state
         for i, layer_name in enumerate(self.res_layers):
             blocks = getattr(self, layer_name)
             attns = getattr(self, self.attn_layers[i]) \
@@ -545,13 +548,15 @@ class ResNetKCLA(BaseModule):
                         defer_last_norm=tail_norm is not None)
                     x, state = attn(out, state, relu_input=True,
                                     shortcut=shortcut, tail_norm=tail_norm)
-                    continue
-                x = block(x, identity)
-                if attn is None:
-                    continue
-                x, state = self._attend(attn, x, state, identity)
+                else:
+                    x = block(x, identity)
+                    if attn is not None:
+                        x, state = self._attend(attn, x, state, identity)
+                if getattr(state, 'tape', None) is not None:
+                    tapes.append(state.tape)
             if i in self.out_indices:
                 outs.append(x)
+        release_invertible(tapes)
         return tuple(outs)
 
     def train(self, mode: bool = True) -> 'ResNetKCLA':

@@ -152,11 +152,11 @@ class KCLAStateAdapter(BaseModule):
 
     def folded_state(self, state: KCLAState, num_heads: int,
                      norm_d: Tensor,
-                     use_ext: bool = True) -> Tuple[Tensor, Tensor]:
+                     impl: str = 'auto') -> Tuple[Tensor, Tensor]:
         """(U, Z) = (z A', z) of Algorithm 1, z = layer_weights(k_u), as one
         batched matmul (:meth:`folds`; differentiable, updates BN's running
-        statistics in training like ``nn.BatchNorm2d``). With ``use_ext``
-        where the extension supports the state's device: one
+        statistics in training like ``nn.BatchNorm2d``). Unless ``impl`` is
+        ``'torch'``, where :func:`layer_supported` for the state: one
         :func:`kcla_adapter_inference` call (no grad, eval BN), else
         :func:`kcla_adapter` (the same maths as an autograd op, its
         per-head scalars in one kernel each way).
@@ -184,8 +184,8 @@ class KCLAStateAdapter(BaseModule):
                 f'input size {(b, self.out_channels, h, w)} '
                 '(KCLAStateAdapter: its BatchNorm uses batch statistics)')
         dtype = state.u.dtype
-        if use_ext and dtype in (torch.float32, torch.float64) \
-                and layer_supported(state.u):
+        if impl != 'torch' and dtype in (torch.float32, torch.float64) \
+                and layer_supported(state.u, impl):
             if not torch.is_grad_enabled() and foldable_bn(norm):
                 weight = self._grouped_weight(g, state.u)
                 return kcla_adapter_inference(
@@ -260,10 +260,13 @@ class KCLALayer(BaseModule):
 
     Setting ``invert_state = True`` (``ResNetKCLA`` does, for every layer
     whose successor continues its state) makes the fused training path drop
-    this layer's U from the saved tensors: the successor recovers it in
-    backward as U_next - w X, so training memory for the state is one buffer
-    per chain, independent of depth. A successor on PyTorch ops (or with
-    an adapter) keeps the state for it instead.
+    this layer's U from the saved tensors: the successor keeps it on a
+    :class:`~kcla_mm.ops.kcla_branch.StateTape` and, once
+    :func:`~kcla_mm.ops.kcla_branch.release_invertible` has read its growth
+    check, drops it where backward can recover it as U_next - w X, so
+    training memory for the state is one buffer per chain, independent of
+    depth (``ResNetKCLA.forward`` releases after its last stage). A
+    successor on PyTorch ops (or with an adapter) keeps the state for it.
 
     Submodules with hooks (their own or global: :func:`hooked`) are called
     as modules, so the hooks see their calls: the fused kernels and the
@@ -293,9 +296,11 @@ class KCLALayer(BaseModule):
         eps (float): added to Z before dividing. Defaults to 1e-3.
         key_eps (float): lower bound of |K| in the gate (zero inputs).
             Defaults to 1e-6.
-        impl (str): state-update implementation, ``'auto'`` (fused when
-            ``kcla_mm._ext`` supports the device), ``'fused'`` or ``'torch'``.
-            Defaults to ``'auto'``.
+        impl (str): ``'auto'`` (the extension's kernels where
+            ``kcla_mm._ext`` supports the device; on CUDA without its
+            'layer' group, not yet verified on a GPU: docs/gpu.md),
+            ``'fused'`` (the kernels, the 'layer' group included) or
+            ``'torch'``. Defaults to ``'auto'``.
         init_cfg (dict or list[dict], optional): initialisation config.
             Defaults to the authors' scheme.
 
@@ -440,8 +445,7 @@ class KCLALayer(BaseModule):
         """
         if self.adapter.folds():
             u, z = self.adapter.folded_state(state, self.num_heads,
-                                             self.norm_d,
-                                             self.impl != 'torch')
+                                             self.norm_d, self._impl())
             spatial_check(u.shape[2:], size, type(self).__name__,
                           'check the stage stride (state_stride)')
             return u, z
@@ -480,8 +484,8 @@ class KCLALayer(BaseModule):
         """Whether the heads run as one op where the branch is fused: a
         device with the extension's layer ops, no hooks on the query, key
         and gate modules."""
-        return layer_supported(x) and not hooked(self.q_conv, self.k_conv,
-                                                 self.gate)
+        return layer_supported(x, self._impl()) and not hooked(
+            self.q_conv, self.k_conv, self.gate)
 
     def folds_tail_norm(self, x: Tensor,
                         tail_norm: Optional[nn.Module] = None) -> bool:
@@ -548,7 +552,7 @@ class KCLALayer(BaseModule):
         tape_out = StateTape() if self.invert_state else None
         out, u = kcla_branch(x, u, weight, z, gate, self.v_conv.weight,
                              self.norm, keep, self.eps, tape_in, tape_out,
-                             out_in_place, x_handoff)
+                             out_in_place, x_handoff, self._impl())
         return out, KCLAState(u, z, tape_out)
 
     def forward(self,
@@ -616,7 +620,7 @@ class KCLALayer(BaseModule):
                 if relu_input:
                     x_in, pooled = relu_pool(
                         x_in, None if shortcut is None else
-                        as_operand(shortcut, dtype), x_handoff)
+                        as_operand(shortcut, dtype), x_handoff, self._impl())
                 else:
                     pooled = x_in.mean((2, 3))
             else:
@@ -647,7 +651,7 @@ class KCLALayer(BaseModule):
                                         or not fused):
                 # the previous layer did not save its state (invert_state),
                 # and this one does not invert it: keep it for that backward
-                tape_in.saved = state.u
+                tape_in.keep(state.u)
                 tape_in = None
             if fused:
                 out, new_state = self._fused_branch(x_in, u, weight, z, gate,

@@ -24,6 +24,13 @@ void kcla_state_backward_impl(const at::Tensor grad_u_next,
                               at::Tensor grad_u, at::Tensor grad_w,
                               at::Tensor grad_z, double eps);
 
+// The state inversion's growth check (kcla_mm/ops/kcla_branch.py), on the
+// device: flag (a bool scalar) = any(z > limit * floor) and floor_out =
+// flag ? z : floor; z, floor, floor_out (B, G) contiguous, one dtype.
+void kcla_state_growth_impl(const at::Tensor z, const at::Tensor floor,
+                            at::Tensor floor_out, at::Tensor flag,
+                            double limit);
+
 // Python-facing entries (pytorch/kcla_state.cpp): check, then dispatch.
 // u and grad_u are optional (None for the first layer of a state).
 void kcla_state_forward(const at::Tensor x, const c10::optional<at::Tensor> u,

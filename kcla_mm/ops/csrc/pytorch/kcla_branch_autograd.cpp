@@ -11,6 +11,7 @@
 
 #include "fused_backward.hpp"
 #include "kcla_branch_impl.hpp"
+#include "kcla_state_impl.hpp"
 
 namespace {
 
@@ -183,7 +184,7 @@ std::vector<at::Tensor> branch_forward_per_kernel(
 // The saved tensors of KCLABranchFunction, in save_for_backward's order.
 enum Saved {
   kOut, kUNext, kW, kZ, kGate, kWeight, kKeep, kMask, kMean, kInvstd,
-  kScale, kShift, kSavedU
+  kScale, kShift
 };
 
 struct BranchGrads {
@@ -244,14 +245,13 @@ struct KCLABranchFunction : torch::autograd::Function<KCLABranchFunction> {
       c10::optional<at::Tensor> running_mean,
       c10::optional<at::Tensor> running_var, c10::optional<double> momentum,
       bool use_batch_stats, bool one_call, double bn_eps, double eps,
-      py::object tape_in, py::object tape_out, bool save_u,
-      bool out_in_place, py::object x_handoff) {
+      py::object tape_in, py::object tape_out, bool out_in_place,
+      py::object x_handoff) {
     const auto dtype = x.scalar_type();
     const auto c = x.size(1);
-    // a state handed over by tape is this chain's own buffer: updated in
-    // place, as backward inverts it in place
-    const bool state_in_place = !tape_in.is_none() && !save_u;
-    at::Tensor u_next = state_in_place ? *u : at::empty_like(x);
+    // out of place: the incoming state stays intact until it is known
+    // whether backward recovers it by inversion (release_invertible)
+    at::Tensor u_next = at::empty_like(x);
     at::Tensor out = out_in_place ? x : at::empty_like(x);
     at::Tensor mask = bit_mask(x);
     const at::Tensor rm = running_mean.value_or(at::Tensor());
@@ -273,14 +273,10 @@ struct KCLABranchFunction : torch::autograd::Function<KCLABranchFunction> {
           momentum, use_batch_stats, bn_eps, eps, u_next, out, mask);
       mean = saved[0], invstd = saved[1], scale = saved[2], shift = saved[3];
     }
-    std::vector<at::Tensor> dirty;
-    if (out_in_place) dirty.push_back(x);
-    if (state_in_place) dirty.push_back(*u);
-    if (!dirty.empty()) ctx->mark_dirty(dirty);
-    ctx->save_for_backward(
-        {out, tape_out.is_none() ? u_next : at::Tensor(), w, z, gate, weight,
-         keep, mask, mean, invstd, scale, shift,
-         save_u ? *u : at::Tensor()});
+    if (out_in_place) ctx->mark_dirty({x});
+    ctx->save_for_backward({out, tape_out.is_none() ? u_next : at::Tensor(),
+                            w, z, gate, weight, keep, mask, mean, invstd,
+                            scale, shift});
     ctx->set_materialize_grads(false);
     keep_object(ctx, "tape_in", tape_in);
     keep_object(ctx, "tape_out", tape_out);
@@ -306,20 +302,24 @@ struct KCLABranchFunction : torch::autograd::Function<KCLABranchFunction> {
       at::Tensor u_next = saved[kUNext];
       bool writable = false;
       bool grad_u_owned = false;
+      // the incoming state is recovered here unless the tape kept it
+      bool invert = false;
       c10::optional<at::Tensor> grad_u_next;
       if (grads[1].defined()) grad_u_next = grads[1].contiguous();
-      if (tape_out) {
+      if (tape_out || tape_in) {
         py::gil_scoped_acquire gil;
-        auto taken = tape_out->attr("take")().cast<py::tuple>();
-        u_next = taken[0].cast<at::Tensor>();
-        writable = taken[1].cast<bool>();
-        // the successor's own gradient of u_next: overwritten with grad_u
-        grad_u_owned = owns(tape_out->attr("grad_u"),
-                            grad_u_next.value_or(at::Tensor()));
+        if (tape_out) {
+          auto taken = tape_out->attr("take")().cast<py::tuple>();
+          u_next = taken[0].cast<at::Tensor>();
+          writable = taken[1].cast<bool>();
+          // the successor's own gradient of u_next: overwritten with grad_u
+          grad_u_owned = owns(tape_out->attr("grad_u"),
+                              grad_u_next.value_or(at::Tensor()));
+        }
+        invert = tape_in && tape_in->attr("kept").is_none();
       }
       const at::Tensor grad_out =
           grads[0].defined() ? grads[0].contiguous() : at::zeros_like(out);
-      const bool invert = !saved[kSavedU].defined() && tape_in;
       c10::optional<at::Tensor> u_prev;
       if (invert) u_prev = writable ? u_next : at::empty_like(u_next);
       at::Tensor grad_x = at::empty_like(out);
@@ -347,10 +347,7 @@ struct KCLABranchFunction : torch::autograd::Function<KCLABranchFunction> {
       const py::object* x_handoff = kept_object(ctx, "x_handoff");
       if (tape_in || x_handoff) {
         py::gil_scoped_acquire gil;
-        if (tape_in && saved[kSavedU].defined())
-          // hand the previous layer its state
-          tape_in->attr("hand")(saved[kSavedU], false);
-        else if (tape_in)  // ... recovered by inverting the running sum
+        if (invert)  // the previous layer's state, recovered
           tape_in->attr("hand")(*u_prev, true);
         if (tape_in)
           tape_in->attr("grad_u").attr("give")(
@@ -358,7 +355,7 @@ struct KCLABranchFunction : torch::autograd::Function<KCLABranchFunction> {
         if (x_handoff) x_handoff->attr("give")(grad_x);
       }
       const auto bn_dtype = ctx->saved_data["bn_dtype"].toScalarType();
-      variable_list result(21);
+      variable_list result(20);
       result[0] = grad_x;
       result[1] = grad_u.value_or(at::Tensor());
       result[2] = g.w, result[3] = g.z, result[4] = g.gate;
@@ -385,10 +382,28 @@ std::vector<at::Tensor> kcla_branch_autograd(
     c10::optional<at::Tensor> running_mean,
     c10::optional<at::Tensor> running_var, c10::optional<double> momentum,
     bool use_batch_stats, bool one_call, double bn_eps, double eps,
-    py::object tape_in, py::object tape_out, bool save_u, bool out_in_place,
-    py::object x_handoff) {
-  return KCLABranchFunction::apply(
+    py::object tape_in, py::object tape_out, bool out_in_place,
+    py::object x_handoff, c10::optional<at::Tensor> z_floor,
+    double growth_limit) {
+  auto result = KCLABranchFunction::apply(
       x, u, w, z, gate, weight, bn_weight, bn_bias, keep, running_mean,
       running_var, momentum, use_batch_stats, one_call, bn_eps, eps, tape_in,
-      tape_out, save_u, out_in_place, x_handoff);
+      tape_out, out_in_place, x_handoff);
+  if (z_floor) {
+    TORCH_CHECK(z_floor->sizes() == z.sizes() &&
+                    z_floor->scalar_type() == z.scalar_type() &&
+                    z_floor->device() == z.device(),
+                "kcla_branch_autograd: z_floor must match z ",
+                z.sizes(), " (", z.scalar_type(), ", ", z.device(),
+                "), got ", z_floor->sizes(), " (",
+                z_floor->scalar_type(), ", ", z_floor->device(), ")");
+    const at::Tensor zc = z.detach().contiguous();
+    at::Tensor floor_out = at::empty_like(zc);
+    at::Tensor flag = at::empty({}, z.options().dtype(at::kBool));
+    kcla_state_growth_impl(zc, z_floor->contiguous(), floor_out, flag,
+                           growth_limit);
+    result.push_back(flag);
+    result.push_back(floor_out);
+  }
+  return result;
 }

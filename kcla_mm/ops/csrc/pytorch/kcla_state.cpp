@@ -20,6 +20,13 @@ void kcla_state_backward_impl(const at::Tensor grad_u_next,
                        z, agg, grad_x, grad_u, grad_w, grad_z, eps);
 }
 
+void kcla_state_growth_impl(const at::Tensor z, const at::Tensor floor,
+                            at::Tensor floor_out, at::Tensor flag,
+                            double limit) {
+  DISPATCH_DEVICE_IMPL(kcla_state_growth_impl, z, floor, floor_out, flag,
+                       limit);
+}
+
 void kcla_state_forward(const at::Tensor x, const c10::optional<at::Tensor> u,
                         const at::Tensor w, const at::Tensor z,
                         at::Tensor u_next, at::Tensor agg, double eps) {

@@ -14,8 +14,9 @@
 
 // Device types ("cpu", "cuda") with a compiled implementation of every op
 // of a group: "state" (kcla_state_*), "branch" (kcla_relu_pool_*,
-// kcla_branch_*) or "layer" (kcla_branch_train_*, kcla_layer_inference,
-// kcla_heads_*, kcla_adapter_inference, kcla_adapter_heads_*).
+// kcla_branch_*, the state's growth check) or "layer" (kcla_branch_train_*,
+// kcla_layer_inference, kcla_heads_*, kcla_adapter_inference,
+// kcla_adapter_heads_*).
 std::vector<std::string> device_types(const std::string& group) {
   std::vector<std::string> types;
   for (auto type : {at::kCPU, at::kCUDA}) {
@@ -33,7 +34,8 @@ std::vector<std::string> device_types(const std::string& group) {
           DEVICE_REGISTRY(kcla_branch_forward_impl).Find(type) != nullptr &&
           DEVICE_REGISTRY(kcla_branch_apply_impl).Find(type) != nullptr &&
           DEVICE_REGISTRY(kcla_branch_bn_sums_impl).Find(type) != nullptr &&
-          DEVICE_REGISTRY(kcla_branch_backward_impl).Find(type) != nullptr;
+          DEVICE_REGISTRY(kcla_branch_backward_impl).Find(type) != nullptr &&
+          DEVICE_REGISTRY(kcla_state_growth_impl).Find(type) != nullptr;
     } else if (group == "layer") {
       has_all =
           DEVICE_REGISTRY(kcla_branch_train_forward_impl).Find(type) !=
@@ -90,14 +92,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "relu_pool's autograd op: (x, pooled)", py::arg("s"),
         py::arg("residual"), py::arg("handoff"), py::arg("grad_in_place"));
   m.def("kcla_branch_autograd", &kcla_branch_autograd,
-        "the branch's autograd op: (out, u_next)", py::arg("x"),
+        "the branch's autograd op: (out, u_next), then with z_floor the "
+        "state's growth (flag, floor)", py::arg("x"),
         py::arg("u"), py::arg("w"), py::arg("z"), py::arg("gate"),
         py::arg("weight"), py::arg("bn_weight"), py::arg("bn_bias"),
         py::arg("keep"), py::arg("running_mean"), py::arg("running_var"),
         py::arg("momentum"), py::arg("use_batch_stats"), py::arg("one_call"),
         py::arg("bn_eps"), py::arg("eps"), py::arg("tape_in"),
-        py::arg("tape_out"), py::arg("save_u"), py::arg("out_in_place"),
-        py::arg("x_handoff"));
+        py::arg("tape_out"), py::arg("out_in_place"), py::arg("x_handoff"),
+        py::arg("z_floor"), py::arg("growth_limit"));
   m.def("kcla_heads_autograd", &kcla_heads_autograd,
         "the heads' autograd op: (w, z_next, gate)", py::arg("pooled"),
         py::arg("z"), py::arg("q_kernel"), py::arg("k_kernel"),

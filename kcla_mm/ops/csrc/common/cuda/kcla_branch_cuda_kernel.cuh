@@ -21,6 +21,8 @@
 
 #include <cstdint>
 
+#include "kcla_cuda_helper.cuh"
+
 // Largest block size (the launchers use 64, 128 or 256, multiples of 32:
 // the mask writers use whole-warp ballots).
 constexpr int KCLA_BRANCH_THREADS = 256;
@@ -165,19 +167,25 @@ __device__ __forceinline__ void kcla_update_plane(const scalar_t* x,
   __syncthreads();
 }
 
-// s = ReLU(s + residual) in place (residual optional); mask (optional) =
-// [s > 0]; pooled = plane mean.
+// s = ReLU(tail_scale * s + tail_shift + residual) in place (the block's
+// folded tail BN, per channel of C, and the residual optional); mask
+// (optional) = [s > 0]; pooled = plane mean.
 template <typename scalar_t>
 __global__ void kcla_relu_pool_forward_cuda_kernel(
     const int64_t planes, const int64_t hw, const int64_t bytes, scalar_t* s,
     const scalar_t* __restrict__ residual, uint8_t* __restrict__ mask,
-    scalar_t* __restrict__ pooled) {
+    scalar_t* __restrict__ pooled, const int64_t C,
+    const scalar_t* __restrict__ tail_scale,
+    const scalar_t* __restrict__ tail_shift) {
   using acc_t = at::opmath_type<scalar_t>;
   __shared__ acc_t red[KCLA_BRANCH_MAX_WARPS];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int warps = blockDim.x >> 5;
   for (int64_t p = blockIdx.x; p < planes; p += gridDim.x) {
     scalar_t* v = s + p * hw;
+    const bool affine = tail_scale != nullptr;
+    const acc_t sc = affine ? static_cast<acc_t>(tail_scale[p % C]) : 1;
+    const acc_t sh = affine ? static_cast<acc_t>(tail_shift[p % C]) : 0;
     acc_t sum[1] = {acc_t(0)};
     for (int64_t base = int64_t(warp) * 32; base < hw;
          base += int64_t(warps) * 32) {
@@ -185,6 +193,7 @@ __global__ void kcla_relu_pool_forward_cuda_kernel(
       bool on = false;
       if (i < hw) {
         acc_t r = static_cast<acc_t>(v[i]);
+        if (affine) r = r * sc + sh;
         if (residual != nullptr) r += static_cast<acc_t>(residual[p * hw + i]);
         r = kcla_relu(r);
         v[i] = static_cast<scalar_t>(r);
@@ -198,6 +207,33 @@ __global__ void kcla_relu_pool_forward_cuda_kernel(
     kcla_block_sum<acc_t, 1>(sum, red);
     if (threadIdx.x == 0) {
       pooled[p] = static_cast<scalar_t>(sum[0] / static_cast<acc_t>(hw));
+    }
+  }
+}
+
+// An eval BN as an affine per channel, scale = weight / sqrt(var + eps)
+// and shift = bias - mean * scale (as the CPU kernels fold it), for the
+// branch BN (rows 0, 1 of folded, (4, C)) and, where tail_weight is given,
+// the block's tail BN (rows 2, 3).
+template <typename scalar_t>
+__global__ void kcla_fold_bn_cuda_kernel(
+    const int64_t C, const scalar_t* __restrict__ weight,
+    const scalar_t* __restrict__ bias, const scalar_t* __restrict__ mean,
+    const scalar_t* __restrict__ var, const double eps,
+    const scalar_t* __restrict__ tail_weight,
+    const scalar_t* __restrict__ tail_bias,
+    const scalar_t* __restrict__ tail_mean,
+    const scalar_t* __restrict__ tail_var, const double tail_eps,
+    scalar_t* __restrict__ folded) {
+  KCLA_CUDA_1D_KERNEL_LOOP(c, C) {
+    scalar_t sc = weight[c] * (scalar_t(1) / sqrt(var[c] + scalar_t(eps)));
+    folded[c] = sc;
+    folded[C + c] = bias[c] - mean[c] * sc;
+    if (tail_weight != nullptr) {
+      sc = tail_weight[c] *
+           (scalar_t(1) / sqrt(tail_var[c] + scalar_t(tail_eps)));
+      folded[2 * C + c] = sc;
+      folded[3 * C + c] = tail_bias[c] - tail_mean[c] * sc;
     }
   }
 }

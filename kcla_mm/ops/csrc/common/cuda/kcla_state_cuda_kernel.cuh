@@ -64,4 +64,19 @@ __global__ void kcla_state_backward_cuda_kernel(
   }
 }
 
+// One block: flag = any(z > limit * floor), floor_out = flag ? z : floor.
+template <typename scalar_t>
+__global__ void kcla_state_growth_cuda_kernel(
+    const int64_t n, const scalar_t* __restrict__ z,
+    const scalar_t* __restrict__ floor, scalar_t* __restrict__ floor_out,
+    bool* __restrict__ flag, const scalar_t limit) {
+  int grew = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    grew |= z[i] > limit * floor[i];
+  grew = __syncthreads_or(grew);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    floor_out[i] = grew ? z[i] : floor[i];
+  if (threadIdx.x == 0) *flag = grew != 0;
+}
+
 #endif  // KCLA_STATE_CUDA_KERNEL_CUH

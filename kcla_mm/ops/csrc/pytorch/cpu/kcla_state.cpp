@@ -3,6 +3,8 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+
 #include "kcla_state_impl.hpp"
 #include "pytorch_cpp_helper.hpp"
 #include "pytorch_device_registry.hpp"
@@ -101,5 +103,22 @@ void kcla_state_backward_cpu(const at::Tensor grad_u_next,
       });
 }
 
+void kcla_state_growth_cpu(const at::Tensor z, const at::Tensor floor,
+                           at::Tensor floor_out, at::Tensor flag,
+                           double limit) {
+  AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "kcla_state_growth_cpu", [&] {
+    const scalar_t* pz = z.data_ptr<scalar_t>();
+    const scalar_t* pf = floor.data_ptr<scalar_t>();
+    const scalar_t bound = static_cast<scalar_t>(limit);
+    const int64_t n = z.numel();
+    bool grew = false;
+    for (int64_t i = 0; i < n; ++i) grew |= pz[i] > bound * pf[i];
+    std::copy(grew ? pz : pf, (grew ? pz : pf) + n,
+              floor_out.data_ptr<scalar_t>());
+    *flag.data_ptr<bool>() = grew;
+  });
+}
+
 REGISTER_DEVICE_IMPL(kcla_state_forward_impl, CPU, kcla_state_forward_cpu);
 REGISTER_DEVICE_IMPL(kcla_state_backward_impl, CPU, kcla_state_backward_cpu);
+REGISTER_DEVICE_IMPL(kcla_state_growth_impl, CPU, kcla_state_growth_cpu);

@@ -9,6 +9,7 @@
 // pytorch/cuda/kcla_state_cuda.cu
 decltype(kcla_state_forward_impl) kcla_state_forward_cuda;
 decltype(kcla_state_backward_impl) kcla_state_backward_cuda;
+decltype(kcla_state_growth_impl) kcla_state_growth_cuda;
 // pytorch/cuda/kcla_branch_cuda.cu
 decltype(kcla_relu_pool_forward_impl) kcla_relu_pool_forward_cuda;
 decltype(kcla_relu_pool_backward_impl) kcla_relu_pool_backward_cuda;
@@ -23,12 +24,16 @@ decltype(kcla_branch_train_backward_impl) kcla_branch_train_backward_cuda;
 // pytorch/cuda/kcla_heads_cuda.cu
 decltype(kcla_heads_forward_impl) kcla_heads_forward_cuda;
 decltype(kcla_heads_backward_impl) kcla_heads_backward_cuda;
+// pytorch/cuda/kcla_layer_cuda.cu
+decltype(kcla_layer_inference_impl) kcla_layer_inference_cuda;
+decltype(kcla_adapter_inference_impl) kcla_adapter_inference_cuda;
 // pytorch/cuda/kcla_adapter_cuda.cu
 decltype(kcla_adapter_heads_forward_impl) kcla_adapter_heads_forward_cuda;
 decltype(kcla_adapter_heads_backward_impl) kcla_adapter_heads_backward_cuda;
 
 REGISTER_DEVICE_IMPL(kcla_state_forward_impl, CUDA, kcla_state_forward_cuda);
 REGISTER_DEVICE_IMPL(kcla_state_backward_impl, CUDA, kcla_state_backward_cuda);
+REGISTER_DEVICE_IMPL(kcla_state_growth_impl, CUDA, kcla_state_growth_cuda);
 REGISTER_DEVICE_IMPL(kcla_relu_pool_forward_impl, CUDA,
                      kcla_relu_pool_forward_cuda);
 REGISTER_DEVICE_IMPL(kcla_relu_pool_backward_impl, CUDA,
@@ -50,3 +55,7 @@ REGISTER_DEVICE_IMPL(kcla_branch_train_forward_impl, CUDA,
                      kcla_branch_train_forward_cuda);
 REGISTER_DEVICE_IMPL(kcla_branch_train_backward_impl, CUDA,
                      kcla_branch_train_backward_cuda);
+REGISTER_DEVICE_IMPL(kcla_layer_inference_impl, CUDA,
+                     kcla_layer_inference_cuda);
+REGISTER_DEVICE_IMPL(kcla_adapter_inference_impl, CUDA,
+                     kcla_adapter_inference_cuda);

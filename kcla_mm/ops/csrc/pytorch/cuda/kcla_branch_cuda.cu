@@ -62,7 +62,7 @@ void kcla_relu_pool_forward_cuda(at::Tensor s, const at::Tensor residual,
                 planes, hw, bytes, s.data_ptr<scalar_t>(),
                 data_ptr_or_null<scalar_t>(residual),
                 data_ptr_or_null<uint8_t>(mask),
-                pooled.data_ptr<scalar_t>());
+                pooled.data_ptr<scalar_t>(), s.size(1), nullptr, nullptr);
       });
   AT_CUDA_CHECK(cudaGetLastError());
 }

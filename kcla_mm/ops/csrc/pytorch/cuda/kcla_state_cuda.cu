@@ -57,3 +57,17 @@ void kcla_state_backward_cuda(const at::Tensor grad_u_next,
       });
   AT_CUDA_CHECK(cudaGetLastError());
 }
+
+void kcla_state_growth_cuda(const at::Tensor z, const at::Tensor floor,
+                            at::Tensor floor_out, at::Tensor flag,
+                            double limit) {
+  at::cuda::CUDAGuard device_guard(z.device());
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "kcla_state_growth_cuda", [&] {
+    kcla_state_growth_cuda_kernel<scalar_t><<<1, KCLA_THREADS, 0, stream>>>(
+        z.numel(), z.data_ptr<scalar_t>(), floor.data_ptr<scalar_t>(),
+        floor_out.data_ptr<scalar_t>(), flag.data_ptr<bool>(),
+        static_cast<scalar_t>(limit));
+  });
+  AT_CUDA_CHECK(cudaGetLastError());
+}

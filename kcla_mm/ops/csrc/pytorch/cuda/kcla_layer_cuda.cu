@@ -1,0 +1,92 @@
+// CUDA launchers of the one-call inference ops (common/kcla_branch_impl.hpp):
+// a whole KCLA layer as the BN folds, relu_pool with the block's tail BN,
+// the heads and the branch (four kernels, no ATen op between them); the
+// cross-stage adapter as the strided state's GAP, the adapter's per-head
+// scalars (kcla_adapter_cuda.cu) and one batched matmul.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <algorithm>
+
+#include "kcla_adapter_impl.hpp"
+#include "kcla_branch_cuda_kernel.cuh"
+#include "kcla_branch_impl.hpp"
+#include "pytorch_cpp_helper.hpp"
+
+// pytorch/cuda/kcla_heads_cuda.cu, kcla_branch_cuda.cu, kcla_adapter_cuda.cu
+decltype(kcla_heads_forward_impl) kcla_heads_forward_cuda;
+decltype(kcla_branch_forward_impl) kcla_branch_forward_cuda;
+decltype(kcla_adapter_heads_forward_impl) kcla_adapter_heads_forward_cuda;
+
+void kcla_layer_inference_cuda(
+    at::Tensor s, const at::Tensor residual, const at::Tensor tail_weight,
+    const at::Tensor tail_bias, const at::Tensor tail_mean,
+    const at::Tensor tail_var, const at::Tensor u, const at::Tensor z,
+    const at::Tensor q_kernel, const at::Tensor k_kernel,
+    const at::Tensor norm_d, const at::Tensor gate_weight,
+    const at::Tensor weight, const at::Tensor bn_weight,
+    const at::Tensor bn_bias, const at::Tensor bn_mean,
+    const at::Tensor bn_var, at::Tensor u_next, at::Tensor w,
+    at::Tensor z_next, at::Tensor gate, double eps, double key_eps,
+    double max_log_weight, double bn_eps, double tail_eps) {
+  const int64_t B = s.size(0), C = s.size(1), hw = s.size(2) * s.size(3);
+  if (B * C == 0) return;
+  at::cuda::CUDAGuard device_guard(s.device());
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  at::Tensor folded = at::empty({4, C}, s.options());
+  at::Tensor pooled = at::empty({B, C}, s.options());
+  const bool tail = tail_weight.defined();
+  AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "kcla_layer_inference_cuda",
+                             [&] {
+    using T = scalar_t;
+    T* pf = folded.data_ptr<T>();
+    kcla_fold_bn_cuda_kernel<T><<<kcla_grid(C), KCLA_THREADS, 0, stream>>>(
+        C, bn_weight.data_ptr<T>(), bn_bias.data_ptr<T>(),
+        bn_mean.data_ptr<T>(), bn_var.data_ptr<T>(), bn_eps,
+        data_ptr_or_null<T>(tail_weight), data_ptr_or_null<T>(tail_bias),
+        data_ptr_or_null<T>(tail_mean), data_ptr_or_null<T>(tail_var),
+        tail_eps, pf);
+    AT_CUDA_CHECK(cudaGetLastError());
+    const int threads = hw <= 64 ? 64 : hw <= 128 ? 128 : KCLA_BRANCH_THREADS;
+    kcla_relu_pool_forward_cuda_kernel<T>
+        <<<std::min<int64_t>(B * C, int64_t(1) << 24), threads, 0,
+           stream>>>(B * C, hw, (hw + 7) / 8, s.data_ptr<T>(),
+                     data_ptr_or_null<T>(residual), nullptr,
+                     pooled.data_ptr<T>(), C, tail ? pf + 2 * C : nullptr,
+                     tail ? pf + 3 * C : nullptr);
+    AT_CUDA_CHECK(cudaGetLastError());
+  });
+  kcla_heads_forward_cuda(pooled, z, q_kernel, k_kernel, norm_d, gate_weight,
+                          w, z_next, gate, key_eps, max_log_weight);
+  kcla_branch_forward_cuda(s, u, w, z_next, gate, weight, folded[0],
+                           folded[1], at::Tensor(), u_next, s, at::Tensor(),
+                           eps);
+}
+
+void kcla_adapter_inference_cuda(
+    const at::Tensor u, const at::Tensor z, const at::Tensor weight,
+    int64_t stride, const at::Tensor bn_weight, const at::Tensor bn_bias,
+    const at::Tensor bn_mean, const at::Tensor bn_var,
+    const at::Tensor k_kernel, const at::Tensor norm_d, at::Tensor u_out,
+    at::Tensor z_out, double bn_eps, double max_log_weight) {
+  const int64_t B = u.size(0), G = z_out.size(1), ci = u.size(1) / G;
+  const int64_t co = u_out.size(1) / G, hw = u_out.size(2) * u_out.size(3);
+  at::cuda::CUDAGuard device_guard(u.device());
+  // U at the stride, as the strided 1x1 conv reads it
+  const at::Tensor us =
+      u.slice(2, 0, c10::nullopt, stride).slice(3, 0, c10::nullopt, stride)
+          .reshape({B * G, ci, hw});
+  const auto opt = u.options();
+  const AdapterHeads a{us.mean(-1).view({B, G, ci}), at::Tensor(), z,
+                       weight.reshape({G, co, ci}), bn_weight, bn_bias,
+                       bn_mean, bn_var, k_kernel, norm_d, hw,
+                       /*batch_stats=*/false, -1.0, bn_eps, max_log_weight};
+  const AdapterHeadsOut out{at::empty({B, G, co, ci}, opt),
+                            at::empty({B, G, co}, opt), z_out,
+                            at::empty({3, B, G, co}, opt),
+                            at::empty({2, G, co}, opt)};
+  kcla_adapter_heads_forward_cuda(a.um, a, out);
+  at::Tensor u3 = u_out.view({B * G, co, hw});
+  at::baddbmm_out(u3, out.bias.view({B * G, co, 1}),
+                  out.mat.view({B * G, co, ci}), us);
+}
