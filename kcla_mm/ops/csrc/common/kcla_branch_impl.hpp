@@ -114,9 +114,9 @@ void kcla_branch_train_backward_impl(
     at::Tensor grad_w, at::Tensor grad_z, at::Tensor grad_gate,
     at::Tensor grad_weight, at::Tensor grad_bn_weight,
     at::Tensor grad_bn_bias, bool batch_stats, double eps);
-// A whole KCLALayer in inference (keep = 1), sample by sample, with two
-// eval BNs given by their parameters and running statistics and folded
-// here (BN(v) = scale * v + shift, scale = weight / sqrt(var + eps)):
+// A whole KCLALayer in inference (keep = 1), with two eval BNs given by
+// their parameters and running statistics and folded here (BN(v) = scale *
+// v + shift, scale = weight / sqrt(var + eps)):
 //   x = ReLU(tail BN(s) + residual)   (in place over s; the block's last
 //       BN (tail_weight, tail_bias, tail_mean, tail_var, tail_eps) and its
 //       shortcut, both optional)
@@ -128,18 +128,16 @@ void kcla_branch_train_backward_impl(
 //       K_g> / max(|K_g|, key_eps); norm_d (G elements), gate_weight (G, G)
 //   then kcla_branch_forward with the branch BN (bn_weight, bn_bias,
 //       bn_mean, bn_var, bn_eps): u_next (may alias u) and out over s.
-// w, z_next, gate: (B, G) outputs.
-void kcla_layer_inference_impl(
-    at::Tensor s, const at::Tensor residual, const at::Tensor tail_weight,
-    const at::Tensor tail_bias, const at::Tensor tail_mean,
-    const at::Tensor tail_var, const at::Tensor u, const at::Tensor z,
-    const at::Tensor q_kernel, const at::Tensor k_kernel,
-    const at::Tensor norm_d, const at::Tensor gate_weight,
-    const at::Tensor weight, const at::Tensor bn_weight,
-    const at::Tensor bn_bias, const at::Tensor bn_mean,
-    const at::Tensor bn_var, at::Tensor u_next, at::Tensor w,
-    at::Tensor z_next, at::Tensor gate, double eps, double key_eps,
-    double max_log_weight, double bn_eps, double tail_eps);
+// w, z_next, gate: (B, G) outputs. The operands beside s travel as one
+// struct, its fields checked by the entry (kcla_layer_inference).
+struct LayerInferenceOperands {
+  at::Tensor residual, tail_weight, tail_bias, tail_mean, tail_var, u, z,
+      q_kernel, k_kernel, norm_d, gate_weight, weight, bn_weight, bn_bias,
+      bn_mean, bn_var, u_next, w, z_next, gate;
+  double eps, key_eps, max_log_weight, bn_eps, tail_eps;
+};
+void kcla_layer_inference_impl(at::Tensor s,
+                               const LayerInferenceOperands& a);
 
 // KCLALayer's heads (steps 1-3 above) from pooled (B, C): w, z_next, gate
 // (B, G) outputs, z (B, G) optional. The backward takes grad_w (that of w

@@ -99,22 +99,9 @@ void kcla_branch_train_backward_impl(
                        grad_bn_bias, batch_stats, eps);
 }
 
-void kcla_layer_inference_impl(
-    at::Tensor s, const at::Tensor residual, const at::Tensor tail_weight,
-    const at::Tensor tail_bias, const at::Tensor tail_mean,
-    const at::Tensor tail_var, const at::Tensor u, const at::Tensor z,
-    const at::Tensor q_kernel, const at::Tensor k_kernel,
-    const at::Tensor norm_d, const at::Tensor gate_weight,
-    const at::Tensor weight, const at::Tensor bn_weight,
-    const at::Tensor bn_bias, const at::Tensor bn_mean,
-    const at::Tensor bn_var, at::Tensor u_next, at::Tensor w,
-    at::Tensor z_next, at::Tensor gate, double eps, double key_eps,
-    double max_log_weight, double bn_eps, double tail_eps) {
-  DISPATCH_DEVICE_IMPL(kcla_layer_inference_impl, s, residual, tail_weight,
-                       tail_bias, tail_mean, tail_var, u, z, q_kernel,
-                       k_kernel, norm_d, gate_weight, weight, bn_weight,
-                       bn_bias, bn_mean, bn_var, u_next, w, z_next, gate, eps,
-                       key_eps, max_log_weight, bn_eps, tail_eps);
+void kcla_layer_inference_impl(at::Tensor s,
+                               const LayerInferenceOperands& a) {
+  DISPATCH_DEVICE_IMPL(kcla_layer_inference_impl, s, a);
 }
 
 void kcla_heads_forward_impl(const at::Tensor pooled, const at::Tensor z,
@@ -496,11 +483,11 @@ void kcla_layer_inference(
   TORCH_CHECK(bn_eps > 0 && (!tail[0].defined() || tail_eps > 0), op,
               ": BN eps must be positive, got bn_eps=", bn_eps,
               ", tail_eps=", tail_eps);
-  kcla_layer_inference_impl(s, residual_t, tail[0], tail[1], tail[2],
-                            tail[3], u_t, z_t, q_kernel, k_kernel, norm_d,
-                            gate_weight, weight, bn_weight, bn_bias, bn_mean,
-                            bn_var, u_next, w, z_next, gate, eps, key_eps,
-                            max_log_weight, bn_eps, tail_eps);
+  kcla_layer_inference_impl(
+      s, {residual_t, tail[0], tail[1], tail[2], tail[3], u_t, z_t,
+          q_kernel, k_kernel, norm_d, gate_weight, weight, bn_weight,
+          bn_bias, bn_mean, bn_var, u_next, w, z_next, gate, eps, key_eps,
+          max_log_weight, bn_eps, tail_eps});
 }
 
 void kcla_heads_forward(const at::Tensor pooled, const OptTensor z,

@@ -993,47 +993,38 @@ struct FoldedBN {
 // folded, the heads, then branch_forward (keep = 1) with the branch BN
 // folded, small planes in lane groups.
 template <typename T>
-void layer_inference(at::Tensor& s, const at::Tensor& residual,
-                     const at::Tensor& tail_weight,
-                     const at::Tensor& tail_bias, const at::Tensor& tail_mean,
-                     const at::Tensor& tail_var, const at::Tensor& u,
-                     const at::Tensor& z, const at::Tensor& q_kernel,
-                     const at::Tensor& k_kernel, const at::Tensor& norm_d,
-                     const at::Tensor& gate_weight, const at::Tensor& weight,
-                     const at::Tensor& bn_weight, const at::Tensor& bn_bias,
-                     const at::Tensor& bn_mean, const at::Tensor& bn_var,
-                     at::Tensor& u_next, at::Tensor& w, at::Tensor& z_next,
-                     at::Tensor& gate, double eps, double key_eps,
-                     double max_log_weight, double bn_eps, double tail_eps) {
-  const Dims dm(s, w.size(1));
+void layer_inference(at::Tensor& s, const LayerInferenceOperands& op) {
+  const Dims dm(s, op.w.size(1));
   const int64_t C = dm.C, G = dm.G;
   T* ps = s.data_ptr<T>();
-  const T* pr = data_ptr_or_null<T>(residual);
-  const FoldedBN<T> bn(bn_weight, bn_bias, bn_mean, bn_var, bn_eps);
+  const T* pr = data_ptr_or_null<T>(op.residual);
+  const FoldedBN<T> bn(op.bn_weight, op.bn_bias, op.bn_mean, op.bn_var,
+                      op.bn_eps);
   std::optional<FoldedBN<T>> tail;
-  if (tail_weight.defined()) {
-    tail.emplace(tail_weight, tail_bias, tail_mean, tail_var, tail_eps);
+  if (op.tail_weight.defined()) {
+    tail.emplace(op.tail_weight, op.tail_bias, op.tail_mean, op.tail_var,
+                 op.tail_eps);
   }
   const T* ptsc = tail ? tail->scale.data() : nullptr;
   const T* ptsh = tail ? tail->shift.data() : nullptr;
-  const T* pz = data_ptr_or_null<T>(z);
-  T *pw = w.data_ptr<T>(), *pzn = z_next.data_ptr<T>();
-  T* pg = gate.data_ptr<T>();
+  const T* pz = data_ptr_or_null<T>(op.z);
+  T *pw = op.w.data_ptr<T>(), *pzn = op.z_next.data_ptr<T>();
+  T* pg = op.gate.data_ptr<T>();
   const ForwardOperands<T> a{ps,
-                             data_ptr_or_null<T>(u),
+                             data_ptr_or_null<T>(op.u),
                              pw,
                              pzn,
                              pg,
-                             weight.data_ptr<T>(),
+                             op.weight.data_ptr<T>(),
                              bn.scale.data(),
                              bn.shift.data(),
                              nullptr,
-                             u_next.data_ptr<T>(),
+                             op.u_next.data_ptr<T>(),
                              ps,
                              nullptr,
-                             T(eps)};
-  const HeadOperands<T> h(q_kernel, k_kernel, norm_d, gate_weight, key_eps,
-                          max_log_weight);
+                             T(op.eps)};
+  const HeadOperands<T> h(op.q_kernel, op.k_kernel, op.norm_d,
+                          op.gate_weight, op.key_eps, op.max_log_weight);
   std::vector<T> pooled(dm.B * C);
   std::vector<double> q(C), key(C);
   for (int64_t b = 0; b < dm.B; ++b) {
@@ -1531,24 +1522,9 @@ void branch_train_backward_cpu(
                         batch_stats, eps));
 }
 
-void layer_inference_cpu(
-    at::Tensor s, const at::Tensor residual, const at::Tensor tail_weight,
-    const at::Tensor tail_bias, const at::Tensor tail_mean,
-    const at::Tensor tail_var, const at::Tensor u, const at::Tensor z,
-    const at::Tensor q_kernel, const at::Tensor k_kernel,
-    const at::Tensor norm_d, const at::Tensor gate_weight,
-    const at::Tensor weight, const at::Tensor bn_weight,
-    const at::Tensor bn_bias, const at::Tensor bn_mean,
-    const at::Tensor bn_var, at::Tensor u_next, at::Tensor w,
-    at::Tensor z_next, at::Tensor gate, double eps, double key_eps,
-    double max_log_weight, double bn_eps, double tail_eps) {
+void layer_inference_cpu(at::Tensor s, const LayerInferenceOperands& a) {
   KCLA_DISPATCH_CPU(s.scalar_type(), "kcla_layer_inference_cpu",
-                    layer_inference<scalar_t>(
-                        s, residual, tail_weight, tail_bias, tail_mean,
-                        tail_var, u, z, q_kernel, k_kernel, norm_d,
-                        gate_weight, weight, bn_weight, bn_bias, bn_mean,
-                        bn_var, u_next, w, z_next, gate, eps, key_eps,
-                        max_log_weight, bn_eps, tail_eps));
+                    layer_inference<scalar_t>(s, a));
 }
 
 void adapter_inference_cpu(const at::Tensor u, const at::Tensor z,

@@ -18,49 +18,41 @@ decltype(kcla_heads_forward_impl) kcla_heads_forward_cuda;
 decltype(kcla_branch_forward_impl) kcla_branch_forward_cuda;
 decltype(kcla_adapter_heads_forward_impl) kcla_adapter_heads_forward_cuda;
 
-void kcla_layer_inference_cuda(
-    at::Tensor s, const at::Tensor residual, const at::Tensor tail_weight,
-    const at::Tensor tail_bias, const at::Tensor tail_mean,
-    const at::Tensor tail_var, const at::Tensor u, const at::Tensor z,
-    const at::Tensor q_kernel, const at::Tensor k_kernel,
-    const at::Tensor norm_d, const at::Tensor gate_weight,
-    const at::Tensor weight, const at::Tensor bn_weight,
-    const at::Tensor bn_bias, const at::Tensor bn_mean,
-    const at::Tensor bn_var, at::Tensor u_next, at::Tensor w,
-    at::Tensor z_next, at::Tensor gate, double eps, double key_eps,
-    double max_log_weight, double bn_eps, double tail_eps) {
+void kcla_layer_inference_cuda(at::Tensor s,
+                               const LayerInferenceOperands& a) {
   const int64_t B = s.size(0), C = s.size(1), hw = s.size(2) * s.size(3);
   if (B * C == 0) return;
   at::cuda::CUDAGuard device_guard(s.device());
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   at::Tensor folded = at::empty({4, C}, s.options());
   at::Tensor pooled = at::empty({B, C}, s.options());
-  const bool tail = tail_weight.defined();
+  const bool tail = a.tail_weight.defined();
   AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "kcla_layer_inference_cuda",
                              [&] {
     using T = scalar_t;
     T* pf = folded.data_ptr<T>();
     kcla_fold_bn_cuda_kernel<T><<<kcla_grid(C), KCLA_THREADS, 0, stream>>>(
-        C, bn_weight.data_ptr<T>(), bn_bias.data_ptr<T>(),
-        bn_mean.data_ptr<T>(), bn_var.data_ptr<T>(), bn_eps,
-        data_ptr_or_null<T>(tail_weight), data_ptr_or_null<T>(tail_bias),
-        data_ptr_or_null<T>(tail_mean), data_ptr_or_null<T>(tail_var),
-        tail_eps, pf);
+        C, a.bn_weight.data_ptr<T>(), a.bn_bias.data_ptr<T>(),
+        a.bn_mean.data_ptr<T>(), a.bn_var.data_ptr<T>(), a.bn_eps,
+        data_ptr_or_null<T>(a.tail_weight), data_ptr_or_null<T>(a.tail_bias),
+        data_ptr_or_null<T>(a.tail_mean), data_ptr_or_null<T>(a.tail_var),
+        a.tail_eps, pf);
     AT_CUDA_CHECK(cudaGetLastError());
     const int threads = hw <= 64 ? 64 : hw <= 128 ? 128 : KCLA_BRANCH_THREADS;
     kcla_relu_pool_forward_cuda_kernel<T>
         <<<std::min<int64_t>(B * C, int64_t(1) << 24), threads, 0,
            stream>>>(B * C, hw, (hw + 7) / 8, s.data_ptr<T>(),
-                     data_ptr_or_null<T>(residual), nullptr,
+                     data_ptr_or_null<T>(a.residual), nullptr,
                      pooled.data_ptr<T>(), C, tail ? pf + 2 * C : nullptr,
                      tail ? pf + 3 * C : nullptr);
     AT_CUDA_CHECK(cudaGetLastError());
   });
-  kcla_heads_forward_cuda(pooled, z, q_kernel, k_kernel, norm_d, gate_weight,
-                          w, z_next, gate, key_eps, max_log_weight);
-  kcla_branch_forward_cuda(s, u, w, z_next, gate, weight, folded[0],
-                           folded[1], at::Tensor(), u_next, s, at::Tensor(),
-                           eps);
+  kcla_heads_forward_cuda(pooled, a.z, a.q_kernel, a.k_kernel, a.norm_d,
+                          a.gate_weight, a.w, a.z_next, a.gate, a.key_eps,
+                          a.max_log_weight);
+  kcla_branch_forward_cuda(s, a.u, a.w, a.z_next, a.gate, a.weight,
+                           folded[0], folded[1], at::Tensor(), a.u_next, s,
+                           at::Tensor(), a.eps);
 }
 
 void kcla_adapter_inference_cuda(
