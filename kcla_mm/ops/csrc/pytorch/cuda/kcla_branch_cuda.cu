@@ -47,8 +47,10 @@ constexpr int64_t kMaxWorkspaceBytes = int64_t(256) << 20;
 
 }  // namespace
 
-void kcla_relu_pool_forward_cuda(at::Tensor s, const at::Tensor residual,
-                                 at::Tensor mask, at::Tensor pooled) {
+void kcla_relu_pool_tail_forward_cuda(at::Tensor s, const at::Tensor residual,
+                                      at::Tensor mask, at::Tensor pooled,
+                                      const at::Tensor tail_scale,
+                                      const at::Tensor tail_shift) {
   const int64_t planes = s.size(0) * s.size(1);
   if (planes == 0) return;
   const int64_t hw = s.size(2) * s.size(3), bytes = (hw + 7) / 8;
@@ -62,9 +64,17 @@ void kcla_relu_pool_forward_cuda(at::Tensor s, const at::Tensor residual,
                 planes, hw, bytes, s.data_ptr<scalar_t>(),
                 data_ptr_or_null<scalar_t>(residual),
                 data_ptr_or_null<uint8_t>(mask),
-                pooled.data_ptr<scalar_t>(), s.size(1), nullptr, nullptr);
+                pooled.data_ptr<scalar_t>(), s.size(1),
+                data_ptr_or_null<scalar_t>(tail_scale),
+                data_ptr_or_null<scalar_t>(tail_shift));
       });
   AT_CUDA_CHECK(cudaGetLastError());
+}
+
+void kcla_relu_pool_forward_cuda(at::Tensor s, const at::Tensor residual,
+                                 at::Tensor mask, at::Tensor pooled) {
+  kcla_relu_pool_tail_forward_cuda(s, residual, mask, pooled, at::Tensor(),
+                                   at::Tensor());
 }
 
 void kcla_relu_pool_backward_cuda(const at::Tensor grad_x,

@@ -6,8 +6,6 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include <algorithm>
-
 #include "kcla_adapter_impl.hpp"
 #include "kcla_branch_cuda_kernel.cuh"
 #include "kcla_branch_impl.hpp"
@@ -17,36 +15,37 @@
 decltype(kcla_heads_forward_impl) kcla_heads_forward_cuda;
 decltype(kcla_branch_forward_impl) kcla_branch_forward_cuda;
 decltype(kcla_adapter_heads_forward_impl) kcla_adapter_heads_forward_cuda;
+// kcla_relu_pool_forward_cuda with the block's folded tail BN (tail_scale,
+// tail_shift: (C,) or undefined), pytorch/cuda/kcla_branch_cuda.cu
+void kcla_relu_pool_tail_forward_cuda(at::Tensor s, const at::Tensor residual,
+                                      at::Tensor mask, at::Tensor pooled,
+                                      const at::Tensor tail_scale,
+                                      const at::Tensor tail_shift);
 
 void kcla_layer_inference_cuda(at::Tensor s,
                                const LayerInferenceOperands& a) {
-  const int64_t B = s.size(0), C = s.size(1), hw = s.size(2) * s.size(3);
+  const int64_t B = s.size(0), C = s.size(1);
   if (B * C == 0) return;
   at::cuda::CUDAGuard device_guard(s.device());
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  // rows: the branch BN's scale and shift, then the tail BN's
   at::Tensor folded = at::empty({4, C}, s.options());
   at::Tensor pooled = at::empty({B, C}, s.options());
   const bool tail = a.tail_weight.defined();
   AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "kcla_layer_inference_cuda",
                              [&] {
     using T = scalar_t;
-    T* pf = folded.data_ptr<T>();
     kcla_fold_bn_cuda_kernel<T><<<kcla_grid(C), KCLA_THREADS, 0, stream>>>(
         C, a.bn_weight.data_ptr<T>(), a.bn_bias.data_ptr<T>(),
         a.bn_mean.data_ptr<T>(), a.bn_var.data_ptr<T>(), a.bn_eps,
         data_ptr_or_null<T>(a.tail_weight), data_ptr_or_null<T>(a.tail_bias),
         data_ptr_or_null<T>(a.tail_mean), data_ptr_or_null<T>(a.tail_var),
-        a.tail_eps, pf);
-    AT_CUDA_CHECK(cudaGetLastError());
-    const int threads = hw <= 64 ? 64 : hw <= 128 ? 128 : KCLA_BRANCH_THREADS;
-    kcla_relu_pool_forward_cuda_kernel<T>
-        <<<std::min<int64_t>(B * C, int64_t(1) << 24), threads, 0,
-           stream>>>(B * C, hw, (hw + 7) / 8, s.data_ptr<T>(),
-                     data_ptr_or_null<T>(a.residual), nullptr,
-                     pooled.data_ptr<T>(), C, tail ? pf + 2 * C : nullptr,
-                     tail ? pf + 3 * C : nullptr);
-    AT_CUDA_CHECK(cudaGetLastError());
+        a.tail_eps, folded.data_ptr<T>());
   });
+  AT_CUDA_CHECK(cudaGetLastError());
+  kcla_relu_pool_tail_forward_cuda(s, a.residual, at::Tensor(), pooled,
+                                   tail ? folded[2] : at::Tensor(),
+                                   tail ? folded[3] : at::Tensor());
   kcla_heads_forward_cuda(pooled, a.z, a.q_kernel, a.k_kernel, a.norm_d,
                           a.gate_weight, a.w, a.z_next, a.gate, a.key_eps,
                           a.max_log_weight);
